@@ -1,0 +1,56 @@
+# dgstream's front door. `make demo` and `make test` each do their own setup.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-run the install only when the dependency list changes.
+STAMP := $(VENV)/.setup-stamp
+VLLM_STAMP := $(VENV)/.setup-vllm-stamp
+EVENTS ?=
+
+.PHONY: setup setup-vllm kafka-jars test test-fast lint format demo bench clean
+
+setup: $(STAMP) kafka-jars
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# vLLM 0.33 (its request validation is checked in the tests; several GB of wheels).
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,vllm]'
+	@touch $@
+
+# Apache Kafka's jars from Maven Central into .cache/ (outside git); a no-op when present.
+kafka-jars: $(STAMP)
+	$(BIN)/python -m infra.kafka.broker fetch
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# The whole suite: lint, types, unit, the real broker, real Ray, vLLM's own validation.
+test: setup setup-vllm lint
+	$(BIN)/python -m pytest
+
+# Without the vLLM install (quicker inner loop).
+test-fast: setup lint
+	$(BIN)/python -m pytest -m "not vllm"
+
+demo: setup
+	$(BIN)/dgstream demo $(if $(EVENTS),--events $(EVENTS),)
+
+bench: setup
+	$(BIN)/dgstream bench
+
+clean:
+	-$(BIN)/dgstream broker stop
+	rm -rf .cache .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Local infrastructure: the Kafka broker, Ray cluster helpers, manifests."""

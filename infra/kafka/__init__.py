@@ -1,0 +1,1 @@
+"""A real Apache Kafka broker (KRaft) on loopback, from Maven Central jars."""

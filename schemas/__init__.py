@@ -1,0 +1,1 @@
+"""The wire contract: requests, results and dead letters, as pydantic v2 models."""

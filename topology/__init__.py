@@ -1,0 +1,1 @@
+"""Pipeline spec, autoscaler, controller and the `dgstream` command."""

@@ -1,0 +1,1 @@
+"""The engine, the Ray worker and Kafka I/O."""

@@ -1,0 +1,94 @@
+"""The engine boundary: what a backend is given (reads) and what it returns (slot reads).
+
+A *read* is one single-step denoising pass over one canvas. Backends know nothing of
+questions or answers; they see token ids, slot positions and label ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One answer slot on the canvas: where to read, and which token ids are the labels."""
+
+    question_id: str
+    position: int  # index into the canvas
+    label_ids: tuple[int, ...]  # token id of each label, in label order
+    labels: tuple[str, ...]  # the label strings ("yes", "A", "3", ...), same order
+
+
+@dataclass(frozen=True)
+class Read:
+    """One single-step read: a prompt and a seeded canvas (template plus slot noise)."""
+
+    prompt_ids: tuple[int, ...]
+    canvas_ids: tuple[int, ...]  # width is a multiple of 16, at most the served canvas
+    slots: tuple[Slot, ...]
+    # Length of the prompt prefix shared by every request of the same question set
+    # (chat header plus system text): a backend may reuse its KV cache.
+    shared_prefix_len: int = 0
+    tag: str = ""  # correlation only (request id, read index); never affects the output
+
+    @property
+    def label_union(self) -> tuple[int, ...]:
+        """Sorted union of every slot's label ids (vLLM's `logprob_token_ids`)."""
+        return tuple(sorted({t for s in self.slots for t in s.label_ids}))
+
+
+@dataclass(frozen=True)
+class SlotRead:
+    """What one slot of one read says."""
+
+    question_id: str
+    probs: np.ndarray  # softmax over the labels' logits, label order, sums to 1
+    entropy: float  # of `probs`, in nats
+    # Probability the full-vocabulary distribution gives to the labels together; None when
+    # the backend computed only the label rows (constrained reads) and cannot know it.
+    label_mass: float | None
+    # Whether the full-vocabulary argmax is one of the labels (None when unknown).
+    argmax_is_label: bool | None
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    slots: tuple[SlotRead, ...]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    backend: str  # "transformers", "vllm", "vllm-remote", "fake"
+    model: str
+    canvas_length: int  # the widest canvas this engine serves
+    vocab_size: int
+    device: str = "cpu"
+
+
+class EngineError(Exception):
+    """Base of the engine's errors."""
+
+
+class RecoverableEngineError(EngineError):
+    """The batch may succeed if retried (or split): a timeout, a transient OOM."""
+
+
+class FatalEngineError(EngineError):
+    """The engine is unusable: stop consuming and let Ray restart the actor."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A batch of reads in, slot distributions out (one ReadResult per Read, same order)."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    async def read(self, reads: Sequence[Read]) -> list[ReadResult]: ...
+
+    async def close(self) -> None: ...
