@@ -1,0 +1,155 @@
+"""Slot resolution: good templates pass; bad ones are refused with a code naming the
+question and label. Real `tokenizers` tokenizers throughout: the tiny model's own, and a
+hand-made BPE whose merges produce each failure on purpose."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer, models, normalizers
+
+from schemas import ErrorCode, RequestRejected
+from workers.engine.template import (
+    LayoutCache,
+    build_canvas,
+    canvas_width,
+    labels_and_answers,
+    resolve_layout,
+)
+
+pytestmark = pytest.mark.unit
+
+YES_NO = ("yes", "no")
+LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+SCORE10 = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "A")
+
+
+def _crafted() -> Tokenizer:
+    """No pre-tokenizer, so merges may cross the label's edges; lower-cased input."""
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789: \n")
+    merges = [(" ", "x"), (" ", "y"), (" ", "v"), ("w", "\n")]
+    vocab = {c: i for i, c in enumerate(chars)}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.normalizer = normalizers.Lowercase()
+    return tok
+
+
+@pytest.fixture(scope="module")
+def crafted_encode() -> Any:
+    tok = _crafted()
+    return lambda text: tok.encode(text).ids
+
+
+def test_tiny_tokenizer_accepts_every_kind(tiny_chat: Any) -> None:
+    spec = [("toxic", YES_NO), ("topic", LETTERS), ("severity", SCORE10)]
+    layout = resolve_layout(tiny_chat.encode, spec, eot_id=tiny_chat.eot_id, max_width=64)
+    assert [s.question_id for s in layout.slots] == ["toxic", "topic", "severity"]
+    for slot, (_, labels) in zip(layout.slots, spec, strict=True):
+        assert len(set(slot.label_ids)) == len(labels)
+        # Writing any label at the slot reproduces the template's tokenization.
+        for label, tid in zip(labels, slot.label_ids, strict=True):
+            text = "\n".join(f"{q}: {label if q == slot.question_id else ls[0]}" for q, ls in spec)
+            ids = tiny_chat.encode(text)
+            assert ids[slot.position] == tid
+            assert len(ids) == len(layout.template_ids)
+    assert layout.width % 16 == 0 and layout.width >= len(layout.template_ids) + 1
+
+
+def test_crafted_tokenizer_accepts_good_labels(crafted_encode: Any) -> None:
+    layout = resolve_layout(crafted_encode, [("a", ("x", "y"))], eot_id=0, max_width=16)
+    assert layout.slots[0].position == 2
+    assert layout.slots[0].label_ids == (crafted_encode(" x")[0], crafted_encode(" y")[0])
+
+
+@pytest.mark.parametrize(
+    ("labels", "code", "named"),
+    [
+        # "zz" is two tokens where "x" is one.
+        (("x", "zz"), ErrorCode.LABEL_NOT_SINGLE_TOKEN, "zz"),
+        # The first label itself is two tokens.
+        (("zz", "x"), ErrorCode.LABEL_NOT_SINGLE_TOKEN, "zz"),
+        # "w" merges with the following newline: same length, two positions differ.
+        (("x", "w"), ErrorCode.LABEL_POSITION_MISMATCH, "w"),
+        # Lower-casing makes "X" the same token as "x".
+        (("x", "X"), ErrorCode.DUPLICATE_LABEL_TOKEN, "X"),
+        (("x", "y", "Y"), ErrorCode.DUPLICATE_LABEL_TOKEN, "y"),
+    ],
+)
+def test_bad_labels_are_refused(
+    crafted_encode: Any, labels: tuple[str, ...], code: ErrorCode, named: str
+) -> None:
+    spec = [("a", labels), ("b", ("x", "y"))]
+    with pytest.raises(RequestRejected) as info:
+        resolve_layout(crafted_encode, spec, eot_id=0, max_width=64)
+    err = info.value.error
+    assert err.code == code
+    assert err.field == "questions.a"
+    assert "questions.a" in err.message and repr(named) in err.message
+
+
+def test_template_longer_than_canvas_for_a_lone_question(tiny_chat: Any) -> None:
+    qid = "q" + "zq" * 30  # one question whose own line needs more than 16 positions
+    cache = LayoutCache(tiny_chat.encode, tiny_chat.eot_id, max_width=16)
+    with pytest.raises(RequestRejected) as info:
+        cache.chunks([(qid, YES_NO)])
+    assert info.value.error.code == ErrorCode.TEMPLATE_TOO_LONG
+    assert info.value.error.field == f"questions.{qid}"
+
+
+def test_chunking_packs_questions_that_fit(tiny_chat: Any) -> None:
+    spec = [(f"question_{i}", YES_NO) for i in range(12)]
+    cache = LayoutCache(tiny_chat.encode, tiny_chat.eot_id, max_width=16)
+    chunks = cache.chunks(spec)
+    assert len(chunks) > 1
+    assert [q for c in chunks for q in c.qids] == [q for q, _ in spec]
+    assert all(c.width <= 16 for c in chunks)
+    joint = LayoutCache(tiny_chat.encode, tiny_chat.eot_id, max_width=256).chunks(spec)
+    assert len(joint) == 1
+
+
+def test_canvas_noise_only_at_slots(tiny_chat: Any) -> None:
+    layout = resolve_layout(
+        tiny_chat.encode,
+        [("toxic", YES_NO), ("topic", LETTERS)],
+        eot_id=tiny_chat.eot_id,
+        max_width=64,
+    )
+    kw = {"eot_id": tiny_chat.eot_id, "pad_id": tiny_chat.pad_id, "vocab_size": 2048}
+    a = build_canvas(layout, seed=1, **kw)
+    b = build_canvas(layout, seed=1, **kw)
+    c = build_canvas(layout, seed=2, **kw)
+    assert a == b
+    slots = {s.position for s in layout.slots}
+    assert {i for i, (x, y) in enumerate(zip(a, c, strict=True)) if x != y} <= slots
+    assert a != c
+    n = len(layout.template_ids)
+    assert a[n] == tiny_chat.eot_id and set(a[n + 1 :]) <= {tiny_chat.pad_id}
+    assert len(a) == layout.width == canvas_width(n)
+
+
+@pytest.mark.parametrize(
+    ("question", "labels", "answers"),
+    [
+        ({"type": "noul", "instructions": "x"}, ("yes", "no"), ("yes", "no")),
+        (
+            {"type": "choice", "instructions": "x", "criteria": {"en": None, "fr": "French"}},
+            ("A", "B"),
+            ("en", "fr"),
+        ),
+        (
+            {"type": "score", "instructions": "x", "criteria": [str(i) for i in range(10)]},
+            SCORE10,
+            tuple(str(i) for i in range(10)),
+        ),
+    ],
+)
+def test_labels_by_kind(question: dict[str, Any], labels: tuple[str, ...], answers: Any) -> None:
+    from pydantic import TypeAdapter
+
+    from schemas import Question
+
+    q = TypeAdapter(Question).validate_python(question)
+    assert labels_and_answers(q) == (labels, answers)

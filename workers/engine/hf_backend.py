@@ -1,0 +1,331 @@
+"""The transformers backend: `DiffusionGemmaForBlockDiffusion`, one decoder pass per read.
+
+How a batch of reads runs (numbered as in `_read_sync`):
+1. Reads with the same prompt share one encoder pass (several samples of a request).
+2. Prompts with the same shared prefix (chat header + system text of a question set) reuse
+   that prefix's KV cache, computed once and kept in a small LRU; only the suffixes (the
+   user turns) are encoded, batched and LEFT-padded. Left padding keeps every distance
+   between real tokens and between tokens and the canvas as in an unbatched read, so
+   sliding windows cut the same; explicit position ids keep rotary positions the same; the
+   padded cache entries are masked for the encoder and the decoder.
+3. Canvases go through ONE decoder pass with bidirectional attention over the cache and the
+   canvas, no self-conditioning (the first step), grouped by canvas width.
+4. Only the slot rows of the final hidden states go through the output projection. By
+   default the full vocabulary at those rows (gives the label mass and whether the argmax
+   is a label); with `label_rows_only` just the labels' rows (exact for the label
+   distribution: softcapping is per logit, the softmax is over the labels only).
+
+The decoder reads the cache without writing it (`append_to_cache` concatenates), so one
+cache serves any number of canvases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workers.engine.reading import slot_read_from_label_logits
+from workers.engine.types import (
+    EngineInfo,
+    FatalEngineError,
+    Read,
+    ReadResult,
+    RecoverableEngineError,
+    SlotRead,
+)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class TransformersEngine:
+    """In-process engine over a `DiffusionGemmaForBlockDiffusion` (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        model_name: str,
+        max_batch_reads: int = 64,
+        prefix_cache_entries: int = 16,
+        reuse_prefix: bool = True,
+        label_rows_only: bool = False,
+    ) -> None:
+        torch = _torch()
+        self.model = model.eval()
+        self.text_config = model.config.text_config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_batch_reads = max_batch_reads
+        self.reuse_prefix = reuse_prefix
+        self.label_rows_only = label_rows_only
+        self._prefix_cache: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._prefix_entries = prefix_cache_entries
+        self._softcap = float(self.text_config.final_logit_softcapping or 0.0)
+        self._window = int(self.text_config.sliding_window or 0)
+        # One forward at a time: the model is not re-entrant and owns the device.
+        self._lock = threading.Lock()
+        self._info = EngineInfo(
+            backend="transformers",
+            model=model_name,
+            canvas_length=int(model.config.canvas_length or 256),
+            vocab_size=int(self.text_config.vocab_size),
+            device=str(self.device),
+        )
+        self.stats: dict[str, int] = defaultdict(int)
+        torch.set_grad_enabled(False)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, device: str = "auto", dtype: str | None = None, **kwargs: Any
+    ) -> TransformersEngine:
+        torch = _torch()
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype is None:
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        model: Any = DiffusionGemmaForBlockDiffusion.from_pretrained(
+            str(path), dtype=getattr(torch, dtype)
+        )
+        model = model.to(device)
+        return cls(model, model_name=Path(path).name, **kwargs)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    async def read(self, reads: Sequence[Read]) -> list[ReadResult]:
+        if not reads:
+            return []
+        return await asyncio.to_thread(self.read_sync, reads)
+
+    async def close(self) -> None:
+        self._prefix_cache.clear()
+
+    # ------------------------------------------------------------------ sync core
+
+    def read_sync(self, reads: Sequence[Read]) -> list[ReadResult]:
+        torch = _torch()
+        try:
+            with self._lock, torch.inference_mode():
+                out: list[ReadResult] = []
+                for start in range(0, len(reads), self.max_batch_reads):
+                    out.extend(self._read_batch(reads[start : start + self.max_batch_reads]))
+                return out
+        except torch.OutOfMemoryError as exc:
+            self._prefix_cache.clear()
+            raise RecoverableEngineError(f"out of device memory: {exc}") from exc
+        except (RuntimeError, ValueError, IndexError) as exc:
+            raise FatalEngineError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _read_batch(self, reads: Sequence[Read]) -> list[ReadResult]:
+        torch = _torch()
+        t0 = time.perf_counter()
+        # 1. unique prompts
+        prompts: dict[tuple[int, ...], int] = {}
+        for r in reads:
+            prompts.setdefault(r.prompt_ids, len(prompts))
+        # 2. encode, grouped by shared prefix
+        by_prefix: dict[tuple[int, ...], list[tuple[int, ...]]] = defaultdict(list)
+        first_read: dict[tuple[int, ...], Read] = {}
+        for r in reads:
+            first_read.setdefault(r.prompt_ids, r)
+        for p in prompts:
+            n = first_read[p].shared_prefix_len if self.reuse_prefix else 0
+            by_prefix[p[:n]].append(p)
+        encoded: dict[tuple[int, ...], tuple[Any, int, Any, int]] = {}
+        for prefix, group in by_prefix.items():
+            for sub in self._exact_groups(prefix, group, reads):
+                cache, mask, lengths = self._encode(prefix, sub)
+                for row, p in enumerate(sub):
+                    encoded[p] = (cache, row, mask, lengths[row])
+        t1 = time.perf_counter()
+        # 3. decode: group reads by (encoder batch, canvas width)
+        results: list[ReadResult | None] = [None] * len(reads)
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for i, r in enumerate(reads):
+            cache = encoded[r.prompt_ids][0]
+            groups[(id(cache), len(r.canvas_ids))].append(i)
+        for (_, width), idxs in groups.items():
+            cache, _, mask, _ = encoded[reads[idxs[0]].prompt_ids]
+            rows = torch.tensor([encoded[reads[i].prompt_ids][1] for i in idxs], device=self.device)
+            lengths = torch.tensor(
+                [encoded[reads[i].prompt_ids][3] for i in idxs], device=self.device
+            )
+            canvas = torch.tensor([reads[i].canvas_ids for i in idxs], device=self.device)
+            sel = _select_rows(cache, rows)
+            dec_mask = torch.cat(
+                [mask[rows], torch.ones(len(idxs), width, dtype=mask.dtype, device=self.device)],
+                dim=1,
+            )
+            positions = lengths[:, None] + torch.arange(width, device=self.device)[None, :]
+            hidden = self.model.model.decoder(
+                decoder_input_ids=canvas,
+                past_key_values=sel,
+                decoder_attention_mask=dec_mask,
+                decoder_position_ids=positions,
+            ).last_hidden_state
+            # 4. slot rows only
+            slot_rows = [(b, s) for b, i in enumerate(idxs) for s in reads[i].slots]
+            h = hidden[
+                torch.tensor([b for b, _ in slot_rows], device=self.device),
+                torch.tensor([s.position for _, s in slot_rows], device=self.device),
+            ]
+            per_slot = self._slot_reads(h, [s for _, s in slot_rows])
+            k = 0
+            for i in idxs:
+                n = len(reads[i].slots)
+                results[i] = ReadResult(tuple(per_slot[k : k + n]))
+                k += n
+            self.stats["decoder_rows"] += len(idxs)
+        t2 = time.perf_counter()
+        self.stats["batches"] += 1
+        self.stats["encoded_prompts"] += len(prompts)
+        timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
+        return [ReadResult(r.slots, timings) for r in results if r is not None]
+
+    def _exact_groups(
+        self, prefix: tuple[int, ...], group: list[tuple[int, ...]], reads: Sequence[Read]
+    ) -> list[list[tuple[int, ...]]]:
+        """Split prompts so that left padding cannot move a token out of a sliding window:
+        exact while prompt + canvas fits the window, else batch equal lengths only."""
+        widest = max(len(r.canvas_ids) for r in reads)
+        longest = max(len(p) for p in group)
+        if not self._window or longest + widest < self._window:
+            return [group]
+        by_len: dict[int, list[tuple[int, ...]]] = defaultdict(list)
+        for p in group:
+            by_len[len(p)].append(p)
+        return list(by_len.values())
+
+    def _encode(
+        self, prefix: tuple[int, ...], prompts: list[tuple[int, ...]]
+    ) -> tuple[Any, Any, list[int]]:
+        """Encode `prompts` (all starting with `prefix`) into one batched cache.
+
+        Returns the cache, the key mask over the cached positions (batch, cached) and each
+        prompt's true length."""
+        torch = _torch()
+        from transformers import DynamicCache
+
+        encoder = self.model.model.encoder
+        b = len(prompts)
+        base: Any
+        if prefix:
+            base = self._prefix_kv(prefix)
+            cache = _select_rows(base, torch.zeros(b, dtype=torch.long, device=self.device))
+        else:
+            cache = DynamicCache(config=self.text_config)
+        suffixes = [p[len(prefix) :] for p in prompts]
+        width = max(len(s) for s in suffixes)
+        ids = torch.full((b, width), 0, dtype=torch.long, device=self.device)
+        mask = torch.zeros(b, len(prefix) + width, dtype=torch.long, device=self.device)
+        pos = torch.zeros(b, width, dtype=torch.long, device=self.device)
+        mask[:, : len(prefix)] = 1
+        for row, s in enumerate(suffixes):
+            pad = width - len(s)
+            ids[row, pad:] = torch.tensor(s, device=self.device)
+            mask[row, len(prefix) + pad :] = 1
+            pos[row, pad:] = torch.arange(len(prefix), len(prefix) + len(s), device=self.device)
+        if width:
+            encoder(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+        self.stats["encoded_tokens"] += int(mask[:, len(prefix) :].sum())
+        return cache, mask, [len(p) for p in prompts]
+
+    def _prefix_kv(self, prefix: tuple[int, ...]) -> Any:
+        torch = _torch()
+        from transformers import DynamicCache
+
+        hit = self._prefix_cache.get(prefix)
+        if hit is not None:
+            self._prefix_cache.move_to_end(prefix)
+            self.stats["prefix_hits"] += 1
+            return hit
+        cache = DynamicCache(config=self.text_config)
+        ids = torch.tensor([prefix], device=self.device)
+        self.model.model.encoder(input_ids=ids, past_key_values=cache)
+        self.stats["prefix_misses"] += 1
+        self.stats["encoded_tokens"] += len(prefix)
+        self._prefix_cache[prefix] = cache
+        if len(self._prefix_cache) > self._prefix_entries:
+            self._prefix_cache.popitem(last=False)
+        return cache
+
+    def _slot_reads(self, h: Any, slots: Sequence[Any]) -> list[SlotRead]:
+        torch = _torch()
+        weight = self.model.lm_head.weight
+        cap = self._softcap
+
+        def softcap(x: Any) -> Any:
+            x = x.to(torch.float32)
+            return torch.tanh(x / cap) * cap if cap else x
+
+        out: list[SlotRead] = []
+        if self.label_rows_only:
+            # Each slot against its own label rows only: (n, k) from (n, d) x (n, k, d).
+            k_max = max(len(s.label_ids) for s in slots)
+            ids = torch.zeros(len(slots), k_max, dtype=torch.long, device=self.device)
+            for i, s in enumerate(slots):
+                ids[i, : len(s.label_ids)] = torch.tensor(s.label_ids, device=self.device)
+            logits = softcap(torch.einsum("nd,nkd->nk", h, weight[ids])).cpu().numpy()
+            for i, s in enumerate(slots):
+                out.append(
+                    slot_read_from_label_logits(s.question_id, logits[i, : len(s.label_ids)])
+                )
+            return out
+        full = softcap(self.model.lm_head(h))
+        lse = torch.logsumexp(full, dim=-1).cpu().numpy()
+        mx = full.max(dim=-1).values.cpu().numpy()
+        full_np = full.cpu().numpy()
+        for i, s in enumerate(slots):
+            label_logits = full_np[i, list(s.label_ids)]
+            out.append(
+                slot_read_from_label_logits(
+                    s.question_id, label_logits, float(lse[i]), float(mx[i])
+                )
+            )
+        return out
+
+
+def _select_rows(cache: Any, rows: Any) -> Any:
+    """A new cache whose batch rows are `cache`'s `rows` (the source is left unchanged)."""
+    new = copy.copy(cache)
+    layers = []
+    for layer in cache.layers:
+        nl = copy.copy(layer)
+        if (
+            getattr(layer, "is_initialized", False)
+            and layer.keys is not None
+            and layer.keys.numel()
+        ):
+            nl.keys = layer.keys.index_select(0, rows)
+            nl.values = layer.values.index_select(0, rows)
+        layers.append(nl)
+    new.layers = layers
+    return new
+
+
+def label_logits_reference(model: Any, prompt_ids: Sequence[int], canvas_ids: Sequence[int]) -> Any:
+    """A direct forward call of the model (the parity oracle for tests and benchmarks)."""
+    torch = _torch()
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model(
+            input_ids=torch.tensor([list(prompt_ids)], device=device),
+            decoder_input_ids=torch.tensor([list(canvas_ids)], device=device),
+        )
+    return out.logits[0]
+
+
+__all__ = ["TransformersEngine", "label_logits_reference"]

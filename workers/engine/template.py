@@ -1,0 +1,346 @@
+"""Prompt, answer template, slot resolution and canvas building (steps 1, 2 and 4 of the
+single-step read in shared/DESIGN.md).
+
+- The *system text* lists each question, its instructions and its labels, and asks for one
+  `id: label` line per question. It is the same for every request of a question set, so
+  its tokens form a prefix a backend can cache.
+- The *user turn* is the state, followed by the answers of the questions this chunk
+  depends on.
+- The *answer template* is `id: <label>` lines; slot resolution tokenizes it with every
+  label and checks that each label is ONE token at ONE position.
+- The *canvas* is the template, end-of-turn, then padding to a multiple of 16, with seeded
+  uniform noise at the slots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from schemas import ErrorCode, RequestError, RequestRejected
+from workers.engine.types import Read, Slot
+
+# Canvas widths are multiples of 16 (the issue's rule; it also keeps batch shapes few).
+CANVAS_QUANTUM = 16
+_LETTERS = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+
+
+def question_kind(question: Any) -> str:
+    """`yes_no`, `choice` or `score` (the wire accepts `noul` as yes/no)."""
+    t = question.type
+    return "yes_no" if t in ("noul", "yes_no") else str(t)
+
+
+def labels_and_answers(question: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The label tokens the model writes, and the answer each stands for, in order."""
+    kind = question_kind(question)
+    if kind == "yes_no":
+        return ("yes", "no"), ("yes", "no")
+    if kind == "choice":
+        names = tuple(question.criteria.keys())
+        return tuple(_LETTERS[: len(names)]), names
+    levels = tuple(question.criteria)
+    # 1..9 then letters: "9" is the last one-character digit.
+    labels = tuple(str(i + 1) if i < 9 else _LETTERS[i - 9] for i in range(len(levels)))
+    return labels, levels
+
+
+# --------------------------------------------------------------------------- texts
+
+
+def system_text(questions: Mapping[str, Any]) -> str:
+    lines = [
+        "You answer questions about the user's message.",
+        "Answer every question on its own line as `id: label`, using only the labels given.",
+        "",
+    ]
+    for qid, q in questions.items():
+        kind = question_kind(q)
+        labels, answers = labels_and_answers(q)
+        if kind == "yes_no":
+            lines.append(f"Question {qid} (yes/no): {q.instructions}")
+            crit = q.criteria
+            if crit is not None and crit.true:
+                lines.append(f"  yes: {crit.true}")
+            if crit is not None and crit.false:
+                lines.append(f"  no: {crit.false}")
+        elif kind == "choice":
+            lines.append(f"Question {qid} (choice): {q.instructions}")
+            for label, name in zip(labels, answers, strict=True):
+                desc = q.criteria[name]
+                lines.append(f"  {label}: {name}" + (f" - {desc}" if desc else ""))
+        else:
+            lines.append(f"Question {qid} (score, {labels[0]} = lowest): {q.instructions}")
+            for label, level in zip(labels, answers, strict=True):
+                lines.append(f"  {label}: {level}")
+        lines.append(f"  Labels: {', '.join(labels)}")
+    return "\n".join(lines)
+
+
+def user_text(state: str, known: Mapping[str, str]) -> str:
+    if not known:
+        return state
+    earlier = "\n".join(f"{qid}: {answer}" for qid, answer in known.items())
+    return f"{state}\n\nEarlier answers:\n{earlier}"
+
+
+def template_text(qids: Sequence[str], labels: Mapping[str, str]) -> str:
+    return "\n".join(f"{qid}: {labels[qid]}" for qid in qids)
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+class Encoder(Protocol):
+    def __call__(self, text: str) -> list[int]: ...
+
+
+class ChatFormat:
+    """The model's chat template and special ids, from a Hugging Face tokenizer."""
+
+    _EOT_CANDIDATES = ("<end_of_turn>", "<turn|>", "<|im_end|>", "<|eot_id|>")
+    _SENTINEL = "\u0001DGSTREAM-USER\u0001"
+
+    def __init__(self, tokenizer: Any, eot_token: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        vocab = tokenizer.get_vocab()
+        if eot_token is None:
+            eot_token = next((t for t in self._EOT_CANDIDATES if t in vocab), None)
+        self.eot_id: int = vocab[eot_token] if eot_token else int(tokenizer.eos_token_id)
+        pad = tokenizer.pad_token_id
+        self.pad_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
+        self.vocab_size: int = len(tokenizer)
+        self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+        # Render once with a sentinel user turn: everything before it is the shared prefix.
+        rendered = tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": "\u0002SYS\u0002"},
+                {"role": "user", "content": self._SENTINEL},
+            ],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        head, _, self._after_user = rendered.partition(self._SENTINEL)
+        self._before_sys, _, self._between = head.partition("\u0002SYS\u0002")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prefix_ids(self, system: str) -> tuple[int, ...]:
+        """Tokens of the chat up to the start of the user's text (cached: it repeats)."""
+        with self._lock:
+            hit = self._prefix_cache.get(system)
+            if hit is not None:
+                self._prefix_cache.move_to_end(system)
+                return hit
+        ids = tuple(self.encode(self._before_sys + system + self._between))
+        with self._lock:
+            self._prefix_cache[system] = ids
+            if len(self._prefix_cache) > 256:
+                self._prefix_cache.popitem(last=False)
+        return ids
+
+    def suffix_ids(self, user: str) -> tuple[int, ...]:
+        return tuple(self.encode(user + self._after_user))
+
+
+# --------------------------------------------------------------------------- slots
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A resolved answer template for an ordered group of questions."""
+
+    qids: tuple[str, ...]
+    template_ids: tuple[int, ...]  # with each question's first label at its slot
+    slots: tuple[Slot, ...]
+    width: int  # canvas width: template + end-of-turn, rounded up to 16
+
+
+def _reject(code: ErrorCode, message: str, field: str) -> RequestRejected:
+    return RequestRejected(RequestError(code=code, message=message, field=field))
+
+
+def _label_token_count(encode: Encoder, qid: str, label: str) -> int:
+    return len(encode(f"{qid}: {label}")) - len(encode(f"{qid}:"))
+
+
+def resolve_layout(
+    encode: Encoder,
+    questions: Sequence[tuple[str, tuple[str, ...]]],
+    *,
+    eot_id: int,
+    max_width: int,
+) -> Layout:
+    """Tokenize the template with every label and find each question's slot.
+
+    `questions` is `(question id, labels)` in template order. Raises `RequestRejected`
+    naming the question and label when a label is not one token, labels land at different
+    positions, two labels share a token, or the template does not fit `max_width`.
+    """
+    first = {qid: labels[0] for qid, labels in questions}
+    qids = tuple(qid for qid, _ in questions)
+    base = encode(template_text(qids, first))
+    slots: list[Slot] = []
+    for qid, labels in questions:
+        field = f"questions.{qid}"
+        position: int | None = None
+        ids: list[int] = []
+        for j, label in enumerate(labels):
+            if j == 0:
+                ids.append(-1)  # filled below from the position the other labels agree on
+                continue
+            toks = encode(template_text(qids, {**first, qid: label}))
+            if len(toks) != len(base):
+                culprit = label
+                if _label_token_count(encode, qid, labels[0]) != 1:
+                    culprit = labels[0]
+                raise _reject(
+                    ErrorCode.LABEL_NOT_SINGLE_TOKEN,
+                    f"{field}: label {culprit!r} is not one token in the answer template "
+                    f"(every label of a question must be ONE token at the same position)",
+                    field,
+                )
+            diff = [i for i, (a, b) in enumerate(zip(base, toks, strict=True)) if a != b]
+            if not diff:
+                raise _reject(
+                    ErrorCode.DUPLICATE_LABEL_TOKEN,
+                    f"{field}: label {label!r} has the same token id as label {labels[0]!r}",
+                    field,
+                )
+            if len(diff) != 1 or (position is not None and diff[0] != position):
+                raise _reject(
+                    ErrorCode.LABEL_POSITION_MISMATCH,
+                    f"{field}: label {label!r} lands at template position(s) {diff}, "
+                    f"not at the one slot {position if position is not None else '?'} "
+                    f"the other labels use",
+                    field,
+                )
+            position = diff[0]
+            ids.append(toks[position])
+        if position is None:  # a single label cannot happen (the schema needs two)
+            raise _reject(ErrorCode.INVALID_VALUE, f"{field}: needs two labels", field)
+        ids[0] = base[position]
+        if len(set(ids)) != len(ids):
+            dup = next(lab for lab, t in zip(labels, ids, strict=True) if ids.count(t) > 1)
+            raise _reject(
+                ErrorCode.DUPLICATE_LABEL_TOKEN,
+                f"{field}: label {dup!r} has the same token id as another label",
+                field,
+            )
+        slots.append(Slot(qid, position, tuple(ids), tuple(labels)))
+    width = canvas_width(len(base))
+    if width > max_width:
+        field = f"questions.{qids[0]}" if len(qids) == 1 else "questions"
+        raise _reject(
+            ErrorCode.TEMPLATE_TOO_LONG,
+            f"{field}: the answer template needs {len(base) + 1} canvas positions, "
+            f"more than the served canvas of {max_width}",
+            field,
+        )
+    return Layout(qids, tuple(base), tuple(slots), width)
+
+
+def canvas_width(template_len: int) -> int:
+    need = template_len + 1  # + end-of-turn
+    return -(-need // CANVAS_QUANTUM) * CANVAS_QUANTUM
+
+
+class LayoutCache:
+    """Resolved layouts by (question ids, labels): resolution tokenizes every label."""
+
+    def __init__(self, encode: Encoder, eot_id: int, max_width: int, size: int = 1024) -> None:
+        self._encode = encode
+        self._eot = eot_id
+        self.max_width = max_width
+        self._size = size
+        self._hits: OrderedDict[tuple[tuple[str, tuple[str, ...]], ...], Layout] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, questions: Sequence[tuple[str, tuple[str, ...]]]) -> Layout:
+        key = tuple(questions)
+        with self._lock:
+            hit = self._hits.get(key)
+            if hit is not None:
+                self._hits.move_to_end(key)
+                return hit
+        layout = resolve_layout(self._encode, questions, eot_id=self._eot, max_width=self.max_width)
+        with self._lock:
+            self._hits[key] = layout
+            if len(self._hits) > self._size:
+                self._hits.popitem(last=False)
+        return layout
+
+    def chunks(self, questions: Sequence[tuple[str, tuple[str, ...]]]) -> list[Layout]:
+        """Greedy packing in order: one joint read while the template fits the canvas,
+        otherwise consecutive chunks that each fit (they read in parallel)."""
+        out: list[Layout] = []
+        current: list[tuple[str, tuple[str, ...]]] = []
+        for q in questions:
+            if not current:
+                current = [q]
+                continue
+            try:
+                self.get([*current, q])
+                current.append(q)
+            except RequestRejected as exc:
+                if exc.error.code != ErrorCode.TEMPLATE_TOO_LONG:
+                    raise
+                out.append(self.get(current))
+                current = [q]
+        if current:
+            out.append(self.get(current))  # a lone question that does not fit raises here
+        return out
+
+
+# --------------------------------------------------------------------------- canvas
+
+
+def noise_seed(*parts: object) -> int:
+    """A stable 64-bit seed from the request id, chunk, read index and the base seed."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def build_canvas(
+    layout: Layout, *, eot_id: int, pad_id: int, vocab_size: int, seed: int
+) -> tuple[int, ...]:
+    """Template, end-of-turn, padding; every slot holds a uniformly random vocabulary id
+    (DiffusionGemma is a uniform-state diffusion model: its noise is random ids)."""
+    canvas = [*layout.template_ids, eot_id]
+    canvas += [pad_id] * (layout.width - len(canvas))
+    rng = np.random.default_rng(seed)
+    noise = rng.integers(0, vocab_size, size=len(layout.slots))
+    for slot, tok in zip(layout.slots, noise, strict=True):
+        canvas[slot.position] = int(tok)
+    return tuple(canvas)
+
+
+def make_read(
+    chat: ChatFormat,
+    layout: Layout,
+    system: str,
+    user: str,
+    *,
+    seed: int,
+    tag: str = "",
+) -> Read:
+    prefix = chat.prefix_ids(system)
+    prompt = prefix + chat.suffix_ids(user)
+    canvas = build_canvas(
+        layout, eot_id=chat.eot_id, pad_id=chat.pad_id, vocab_size=chat.vocab_size, seed=seed
+    )
+    return Read(
+        prompt_ids=prompt,
+        canvas_ids=canvas,
+        slots=layout.slots,
+        shared_prefix_len=len(prefix),
+        tag=tag,
+    )

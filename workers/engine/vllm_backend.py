@@ -1,0 +1,613 @@
+"""vLLM 0.33 as the engine: DiffusionGemma single-step reads, in-process or over HTTP.
+
+A `Read` becomes one ordinary vLLM request: the prompt is the token ids, and the sampling
+params carry the label union as `logprob_token_ids` and the canvas in `extra_args`
+(`diffusion_canvas_length`, `diffusion_seed_canvas`, `diffusion_max_steps=1`,
+`diffusion_read_only`, `diffusion_constrained`). vLLM validates those keys at admission
+(`vllm/utils/diffusion.py::validate_diffusion_sampling_params`, called from
+`vllm/v1/engine/input_processor.py::InputProcessor._validate_params`) and raises
+`VLLMValidationError(parameter="extra_args")` for a bad one, before anything reaches the GPU.
+
+What the logprobs of a read-only diffusion request hold (read from vLLM 0.33.0):
+
+- `DiffusionGemmaSampler.__call__` (vllm/model_executor/models/diffusion_gemma.py) stashes
+  the logprobs of a request on the step it converges; a read-only request with
+  `diffusion_max_steps=1` converges and emits its whole canvas on its first denoise step
+  (`_compiled_sample_step`: `emit = is_commit | (is_denoise & converged & read_only)`), so the
+  output has one logprob row per canvas position, and `token_ids` is the argmax canvas.
+  "Read-only slots report logprobs at temperature 1": the stash uses the raw logits, not the
+  schedule-tempered ones (top_k/top_p, if a request set them, are applied before: we never do).
+- Unconstrained: the stash comes from `compute_topk_scores` (vllm/v1/worker/gpu/sample/
+  logprob.py), whose `_topk_log_softmax_kernel` computes log-softmax over the FULL vocabulary
+  and gathers column 0 = the sampled (here: argmax) token, then the request's
+  `logprob_token_ids`. So sum(exp(label logprobs)) is the label mass, and whether the argmax
+  is a label is known.
+- Constrained (`diffusion_constrained`): the step's logits are either computed only over the
+  allowed ids (`DiffusionGemmaRequestStates.batch_allowed`, shared set: `rows.log_softmax`
+  over K columns) or, in a mixed batch, masked to -1e20 outside the set
+  (`_mask_rows_to_allowed`). Both give log-softmax renormalized over `logprob_token_ids`, and
+  the argmax is forced into the set. The label mass is then 1 by construction and the
+  full-vocabulary argmax unknowable: `label_mass` and `argmax_is_label` are None.
+- `vllm/v1/engine/logprobs.py::LogprobsProcessor._update_sample_logprobs` builds one
+  `{token_id: Logprob}` per position (or a `FlatLogprobs` with `flat_logprobs=True`); the
+  `Logprob.rank` of the label entries is just their index (1..n), not a vocabulary rank.
+
+In every case the per-slot distribution is the softmax over the slot's own label logprobs,
+which is exact: a renormalization constant cancels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.engine.types import (
+    EngineInfo,
+    FatalEngineError,
+    Read,
+    ReadResult,
+    RecoverableEngineError,
+    Slot,
+    SlotRead,
+)
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from vllm import SamplingParams
+
+# vllm/sampling_params.py: MAX_LOGPROB_TOKEN_IDS = 128 ("Upper bound on
+# `SamplingParams.logprob_token_ids` list length"); `_validate_logprobs` refuses more.
+MAX_LOGPROB_TOKEN_IDS = 128
+# The vocabulary of google/diffusiongemma-26B-A4B-it (its config.json, text_config.vocab_size).
+DIFFUSION_GEMMA_VOCAB = 262_144
+
+
+class ReadRejected(RecoverableEngineError):
+    """vLLM refused one or more reads of a batch at admission (a validation error).
+
+    Retrying the same read cannot help: dead-letter `rejected` and keep `results` (the reads
+    that did succeed; None where a read was rejected or failed transiently). Catch this before
+    `RecoverableEngineError`, whose other cases are worth a retry.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        reason: str,
+        *,
+        rejected: Mapping[int, str] | None = None,
+        results: Sequence[ReadResult | None] = (),
+    ) -> None:
+        self.index = index
+        self.reason = reason
+        self.rejected: dict[int, str] = dict(rejected) if rejected else {index: reason}
+        self.results: list[ReadResult | None] = list(results)
+        super().__init__(f"read {index} rejected by vLLM: {reason}")
+
+
+class VllmSettings(BaseModel):
+    """Engine settings for ONE 24 GB card hosting the NVFP4 DiffusionGemma checkpoint.
+
+    The reference run (DESIGN.md, "The single-step read"): an RTX 3090, max_model_len 16384,
+    the TRITON_ATTN backend, canvas_length 64, about 21.5 of 24 GB in use.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The quantized checkpoint reported to fit one 24 GB card (DESIGN.md).
+    model: str = "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4"
+    tokenizer: str | None = None
+    revision: str | None = None
+    # The reported run's canvas_length. 64 positions hold the answer template of a few
+    # questions; vLLM schedules this many tokens per running request per step
+    # (`VllmConfig.num_speculative_tokens` returns it).
+    canvas_length: int = Field(default=64, gt=0)
+    # The reported run's max_model_len.
+    max_model_len: int = Field(default=16_384, gt=0)
+    # The reported run's backend; in 0.33 it is the engine arg `attention_backend`
+    # (`--attention-backend`, vllm/engine/arg_utils.py, validated by
+    # `AttentionConfig.validate_backend_before`). 0.33 has no VLLM_ATTENTION_BACKEND env var.
+    attention_backend: str = "TRITON_ATTN"
+    # The system text (questions, instructions, labels) repeats across requests (DESIGN.md).
+    enable_prefix_caching: bool = True
+    # vLLM checks `logprob_token_ids` against MAX_LOGPROB_TOKEN_IDS (128), not max_logprobs
+    # (`SamplingParams._validate_logprobs`); max_logprobs bounds a top-k `logprobs=n`, which a
+    # client of the remote mode may send as len(label union): allow the same 128.
+    max_logprobs: int = Field(default=MAX_LOGPROB_TOKEN_IDS, ge=1)
+    # Reads in flight per step. Each schedules `canvas_length` tokens per step and its logits
+    # are canvas_length x 262144; the sampler works on them in fp32 (and keeps ~3 copies,
+    # `DiffusionGemmaSampler.__call__`'s tile budget): 16 x 64 x 262144 x 4 B = 1 GiB of
+    # logits per step, about what the card spares beside weights and KV cache. It is also
+    # openjev's 64 concurrent reads on a 96 GB RTX PRO 6000 (DESIGN.md) scaled to 24 GB
+    # (64 x 24/96 = 16), and twice the 8-way concurrency of the upstream example server.
+    max_num_seqs: int = Field(default=16, gt=0)
+    # vLLM's own default for a GPU under 70 GB in server context (`EngineArgs.
+    # get_batch_defaults`), set explicitly so it does not depend on the usage context: 16
+    # canvases x 64 = 1024 tokens a step, leaving 1024 for chunked prompt prefill.
+    max_num_batched_tokens: int = Field(default=2048, gt=0)
+    # The reported run used about 21.5 of 24 GB, i.e. 0.9 x 24 = 21.6: vLLM's default.
+    gpu_memory_utilization: float = Field(default=0.90, gt=0.0, le=1.0)
+    # None = detect from the checkpoint. RedHatAI's NVFP4 checkpoints are llm-compressor
+    # output whose config.json carries `quantization_config.quant_method =
+    # "compressed-tensors"`; `ModelConfig._verify_quantization` reads it and picks the
+    # method (on a pre-Blackwell card such as the 3090 compressed-tensors runs NVFP4 weights
+    # through its weight-only FP4 path). Forcing a name that disagrees with the checkpoint
+    # is an error in vLLM.
+    quantization: str | None = None
+    # Gemma activations overflow in fp16; the checkpoint's dtype is bf16 and Ampere has it.
+    dtype: str = "bfloat16"
+    # Engine RNG seed (vLLM's default, 0). A read's noise comes from its seeded canvas, and
+    # per-request `seed` is refused for diffusion models (`SamplingParams._validate_diffusion`).
+    seed: int = 0
+    # One card per actor; `diffusion_constrained` also needs TP 1
+    # (`DiffusionGemmaSampler.add_request` raises otherwise).
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    # CUDA graphs on (vLLM's default); True for debugging or a faster start.
+    enforce_eager: bool = False
+    # Reads are text only: skip the vision tower's weights and its dummy-image memory
+    # profiling (`MultiModalConfig.language_model_only`), memory a 24 GB card lacks.
+    language_model_only: bool = True
+    # Prompts arrive as token ids and outputs are not detokenized, so the engine's tokenizer
+    # is only needed for the generation config's EOS; keep it unless startup time matters.
+    skip_tokenizer_init: bool = False
+    # The step runs its unembedding and softmax over the label union only (faster; the label
+    # mass and the full-vocabulary argmax become unknowable).
+    diffusion_constrained: bool = True
+    # A guard, not a tuning: a single-step read takes well under a second (about 30 req/s
+    # at 8-way concurrency upstream); a read still pending after this is stuck.
+    read_timeout_s: float = Field(default=120.0, gt=0)
+    # Reported in EngineInfo until the engine is built (then read from its model config).
+    vocab_size: int = DIFFUSION_GEMMA_VOCAB
+
+
+def engine_args(settings: VllmSettings) -> dict[str, Any]:
+    """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs`."""
+    args: dict[str, Any] = {
+        "model": settings.model,
+        "tokenizer": settings.tokenizer,
+        "revision": settings.revision,
+        # `EngineArgs.diffusion_config: dict | None` -> `create_diffusion_config` ->
+        # `DiffusionConfig(**cfg)`; the CLI form is `--diffusion-config '{"canvas_length":64}'`.
+        # Setting it also selects vLLM's DiffusionScheduler (`VllmConfig.__post_init__`).
+        "diffusion_config": {"canvas_length": settings.canvas_length},
+        "max_model_len": settings.max_model_len,
+        "attention_backend": settings.attention_backend,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "max_logprobs": settings.max_logprobs,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "quantization": settings.quantization,
+        "dtype": settings.dtype,
+        "seed": settings.seed,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "enforce_eager": settings.enforce_eager,
+        "language_model_only": settings.language_model_only,
+        "skip_tokenizer_init": settings.skip_tokenizer_init,
+    }
+    return args
+
+
+def _extra_args(read: Read, constrained: bool, *, as_ints: bool) -> dict[str, Any]:
+    one = (lambda b: int(b)) if as_ints else (lambda b: bool(b))
+    return {
+        "diffusion_canvas_length": len(read.canvas_ids),
+        "diffusion_seed_canvas": [int(t) for t in read.canvas_ids],
+        "diffusion_max_steps": 1,
+        "diffusion_read_only": one(True),
+        "diffusion_constrained": one(constrained),
+    }
+
+
+def build_sampling_params(read: Read, settings: VllmSettings) -> SamplingParams:
+    """The vLLM request of one read (in-process mode)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    width = len(read.canvas_ids)
+    return SamplingParams(
+        # Diffusion models take only temperature 1.0 and no per-request seed
+        # (`SamplingParams._validate_diffusion`); top_k/top_p would filter the logits the
+        # logprobs are read from, so they stay off.
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_tokens=width,
+        logprob_token_ids=list(read.label_union),
+        extra_args=_extra_args(read, settings.diffusion_constrained, as_ints=False),
+        # validate_diffusion_sampling_params sets this for read-only requests; set it here
+        # too so an EOS drawn into a slot can never end the canvas early.
+        ignore_eos=True,
+        # Nothing reads the text; without a tokenizer the logprobs skip detokenizing too.
+        detokenize=False,
+        # One flat container instead of canvas_width dicts of Logprob objects.
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        # Built fresh per request: the input processor may take a shallow copy.
+        skip_clone=True,
+    )
+
+
+def build_xargs(read: Read, *, constrained: bool = True) -> dict[str, Any]:
+    """The same `extra_args` as JSON for `vllm_xargs` (remote OpenAI mode).
+
+    `CompletionRequest.vllm_xargs` is `dict[str, str | int | float | list[str | int | float]]`
+    (vllm/entrypoints/openai/completion/protocol.py): pydantic narrows a JSON boolean to 1/0
+    there, ints and lists of ints survive. validate_diffusion_sampling_params accepts 0/1 for
+    the boolean keys, so send them as ints outright.
+    """
+    return _extra_args(read, constrained, as_ints=True)
+
+
+def _softmax(logprobs: np.ndarray) -> np.ndarray:
+    finite = np.isfinite(logprobs)
+    if not finite.any():
+        raise RecoverableEngineError("every label logprob is -inf at a slot")
+    shifted = np.where(finite, logprobs - logprobs[finite].max(), -np.inf)
+    e = np.exp(shifted)
+    return e / e.sum()
+
+
+def _slot_read(
+    slot: Slot, row: Mapping[int, float], argmax_id: int | None, constrained: bool
+) -> SlotRead:
+    missing = [t for t in slot.label_ids if t not in row]
+    if missing:
+        raise RecoverableEngineError(
+            f"slot {slot.question_id!r} at position {slot.position}: no logprob for label "
+            f"ids {missing}"
+        )
+    lps = np.array([row[t] for t in slot.label_ids], dtype=np.float64)
+    probs = _softmax(lps)
+    nz = probs[probs > 0]
+    entropy = float(-(nz * np.log(nz)).sum())
+    if constrained:
+        label_mass: float | None = None
+        argmax_is_label: bool | None = None
+    else:
+        label_mass = float(np.exp(lps).sum())
+        argmax_is_label = None if argmax_id is None else argmax_id in slot.label_ids
+    return SlotRead(
+        question_id=slot.question_id,
+        probs=probs,
+        entropy=entropy,
+        label_mass=label_mass,
+        argmax_is_label=argmax_is_label,
+    )
+
+
+def _position_row(logprobs: Any, pos: int) -> dict[int, float]:
+    """{token_id: logprob} at one canvas position of a FlatLogprobs or list of dicts."""
+    if hasattr(logprobs, "start_indices"):  # vllm.logprobs.FlatLogprobs
+        lo, hi = logprobs.start_indices[pos], logprobs.end_indices[pos]
+        return {
+            int(t): float(v)
+            for t, v in zip(logprobs.token_ids[lo:hi], logprobs.logprobs[lo:hi], strict=True)
+        }
+    entry = logprobs[pos]
+    if entry is None:
+        return {}
+    return {int(t): float(lp.logprob) for t, lp in entry.items()}
+
+
+def parse_output(read: Read, request_output: Any, *, constrained: bool = True) -> ReadResult:
+    """A vLLM `RequestOutput` of a read-only diffusion request -> the read's slot reads."""
+    if not request_output.outputs:
+        raise RecoverableEngineError(f"read {read.tag!r}: vLLM returned no output")
+    out = request_output.outputs[0]
+    if out.finish_reason == "error":
+        raise RecoverableEngineError(f"read {read.tag!r}: vLLM finished with an error")
+    logprobs = out.logprobs
+    if logprobs is None:
+        raise RecoverableEngineError(f"read {read.tag!r}: vLLM returned no logprobs")
+    n = len(logprobs)
+    token_ids = list(out.token_ids or ())
+    slots = []
+    for slot in read.slots:
+        if not 0 <= slot.position < n:
+            raise RecoverableEngineError(
+                f"read {read.tag!r}: slot {slot.question_id!r} at {slot.position} but the "
+                f"output has {n} positions"
+            )
+        row = _position_row(logprobs, slot.position)
+        if slot.position < len(token_ids):
+            argmax_id: int | None = int(token_ids[slot.position])
+        else:  # column 0 of a position is the sampled (argmax) token
+            argmax_id = next(iter(row), None)
+        slots.append(_slot_read(slot, row, argmax_id, constrained))
+    return ReadResult(slots=tuple(slots))
+
+
+def _request_id(read: Read) -> str:
+    return f"dg-{read.tag or 'read'}-{uuid.uuid4().hex[:12]}"
+
+
+class VllmEngine:
+    """The in-process engine: one vLLM `AsyncLLM` on the actor's GPU, built on first use."""
+
+    def __init__(self, settings: VllmSettings | None = None) -> None:
+        self.settings = settings or VllmSettings()
+        self._engine: Any = None
+        self._lock = asyncio.Lock()
+        self._vocab_size = self.settings.vocab_size
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            backend="vllm",
+            model=self.settings.model,
+            canvas_length=self.settings.canvas_length,
+            vocab_size=self._vocab_size,
+            device="cuda",
+        )
+
+    async def start(self) -> None:
+        """Build the engine (loads the weights: minutes). `read` calls it when needed.
+
+        Built on the event loop's thread: vLLM starts its engine-core process from here and
+        its output handler on the first request.
+        """
+        async with self._lock:
+            if self._engine is not None:
+                return
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            try:
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(self.settings)))
+            except Exception as exc:
+                raise FatalEngineError(f"vLLM engine failed to start: {exc}") from exc
+            self._engine = engine
+            self._vocab_size = int(engine.model_config.get_vocab_size())
+
+    async def read(self, reads: Sequence[Read]) -> list[ReadResult]:
+        await self.start()
+        engine = self._engine
+        if engine.errored:
+            raise FatalEngineError("vLLM engine is dead")
+        outcomes = await asyncio.gather(
+            *(self._read_one(engine, r) for r in reads), return_exceptions=True
+        )
+        return _settle(outcomes, _classify_vllm_error)
+
+    async def _read_one(self, engine: Any, read: Read) -> ReadResult:
+        from vllm.inputs import tokens_input
+
+        params = build_sampling_params(read, self.settings)
+        started = time.perf_counter()
+
+        async def consume() -> Any:
+            final = None
+            async for out in engine.generate(
+                tokens_input(list(read.prompt_ids)), params, _request_id(read)
+            ):
+                final = out
+            return final
+
+        # Cancelling the consumer makes vLLM's generate() abort the request.
+        final = await asyncio.wait_for(consume(), self.settings.read_timeout_s)
+        if final is None:
+            raise RecoverableEngineError(f"read {read.tag!r}: vLLM returned nothing")
+        result = parse_output(read, final, constrained=self.settings.diffusion_constrained)
+        return ReadResult(slots=result.slots, timings={"engine_s": time.perf_counter() - started})
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.shutdown)
+
+
+def _classify_vllm_error(exc: BaseException) -> tuple[str, str]:
+    """('fatal' | 'rejected' | 'retry', message) for an exception of one in-process read."""
+    from vllm.exceptions import VLLMClientError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(exc, EngineDeadError | FatalEngineError):
+        return "fatal", str(exc) or type(exc).__name__
+    if isinstance(exc, VLLMClientError | ValueError | TypeError):
+        return "rejected", str(exc)
+    if isinstance(exc, TimeoutError):
+        return "retry", "read timed out"
+    return "retry", f"{type(exc).__name__}: {exc}"
+
+
+def _settle(outcomes: Sequence[Any], classify: Any) -> list[ReadResult]:
+    """All reads succeeded -> their results; otherwise the worst error, most severe first."""
+    results: list[ReadResult | None] = []
+    rejected: dict[int, str] = {}
+    fatal: str | None = None
+    retry: tuple[str, BaseException] | None = None
+    for i, out in enumerate(outcomes):
+        if isinstance(out, ReadResult):
+            results.append(out)
+            continue
+        results.append(None)
+        if not isinstance(out, Exception):  # CancelledError, KeyboardInterrupt
+            raise out
+        kind, message = classify(out)
+        if kind == "fatal":
+            fatal = fatal or message
+        elif kind == "rejected":
+            rejected[i] = message
+        elif retry is None:
+            retry = (f"read {i}: {message}", out)
+    if fatal is not None:
+        raise FatalEngineError(fatal)
+    if rejected:
+        first = min(rejected)
+        raise ReadRejected(first, rejected[first], rejected=rejected, results=results)
+    if retry is not None:
+        raise RecoverableEngineError(retry[0]) from retry[1]
+    return [r for r in results if r is not None]
+
+
+# --- remote mode: an external `vllm serve` over its OpenAI completions API -----------------
+
+
+class VllmRemoteSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str = "http://127.0.0.1:8000"
+    # The served model name (`vllm serve ... --served-model-name`).
+    model: str = "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4"
+    # The server's --diffusion-config canvas_length (reported in EngineInfo only).
+    canvas_length: int = 64
+    vocab_size: int = DIFFUSION_GEMMA_VOCAB
+    diffusion_constrained: bool = True
+    # Name of the environment variable holding the API key (`vllm serve --api-key`); the key
+    # itself is read per request and never stored in settings or logged.
+    api_key_env: str = "DGSTREAM_VLLM_API_KEY"
+    # Same guard as VllmSettings.read_timeout_s.
+    timeout_s: float = 120.0
+
+
+def build_completion_body(read: Read, settings: VllmRemoteSettings) -> dict[str, Any]:
+    """The /v1/completions request of one read."""
+    union = list(read.label_union)
+    return {
+        "model": settings.model,
+        "prompt": [int(t) for t in read.prompt_ids],
+        "max_tokens": len(read.canvas_ids),
+        # Must be set with logprob_token_ids (`CompletionRequest.check_logprobs`), but its
+        # value is then unused: `to_sampling_params` drops it and the response carries every
+        # requested id (`completion_top_logprobs_limit(..., return_all=True)`).
+        "logprobs": 1,
+        "logprob_token_ids": union,
+        "vllm_xargs": build_xargs(read, constrained=settings.diffusion_constrained),
+        # The server's generation-config defaults (Gemma: top_k 64, top_p 0.95) would filter
+        # the logits the logprobs come from, and diffusion takes only temperature 1.0.
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        # Keys of top_logprobs as "token_id:<id>" and the argmax canvas as ids.
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "stream": False,
+    }
+
+
+def _token_key_id(key: str) -> int:
+    if not key.startswith("token_id:"):
+        raise RecoverableEngineError(f"unexpected logprob key {key!r} (want 'token_id:<id>')")
+    return int(key[len("token_id:") :])
+
+
+def parse_completion(
+    read: Read, body: Mapping[str, Any], *, constrained: bool = True
+) -> ReadResult:
+    """A /v1/completions response (with return_tokens_as_token_ids) -> the read's slot reads.
+
+    -inf logprobs arrive clamped to -9999.0 (`OpenAIServingCompletion.
+    _create_completion_logprobs`), which exp() turns into 0 all the same.
+    """
+    try:
+        choice = body["choices"][0]
+        top = choice["logprobs"]["top_logprobs"]
+        tokens = choice["logprobs"].get("tokens") or []
+    except (KeyError, IndexError, TypeError) as exc:
+        raise RecoverableEngineError(f"malformed completion response: {exc!r}") from exc
+    token_ids = choice.get("token_ids") or [_token_key_id(t) for t in tokens]
+    slots = []
+    for slot in read.slots:
+        if not 0 <= slot.position < len(top) or top[slot.position] is None:
+            raise RecoverableEngineError(
+                f"read {read.tag!r}: no logprobs at canvas position {slot.position}"
+            )
+        row = {_token_key_id(k): float(v) for k, v in top[slot.position].items()}
+        argmax_id = int(token_ids[slot.position]) if slot.position < len(token_ids) else None
+        slots.append(_slot_read(slot, row, argmax_id, constrained))
+    return ReadResult(slots=tuple(slots))
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class VllmRemoteEngine:
+    """The same reads against an external `vllm serve` (stdlib HTTP in worker threads)."""
+
+    def __init__(self, settings: VllmRemoteSettings | None = None) -> None:
+        self.settings = settings or VllmRemoteSettings()
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            backend="vllm-remote",
+            model=self.settings.model,
+            canvas_length=self.settings.canvas_length,
+            vocab_size=self.settings.vocab_size,
+            device="remote",
+        )
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        url = self.settings.base_url.rstrip("/") + "/v1/completions"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        key = os.environ.get(self.settings.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        req = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.settings.timeout_s) as resp:
+                parsed: dict[str, Any] = json.loads(resp.read())
+                return parsed
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                message = json.loads(raw)["error"]["message"]
+            except Exception:
+                message = raw[:500].decode(errors="replace")
+            raise _HttpError(exc.code, str(message)) from None
+
+    async def _read_one(self, read: Read) -> ReadResult:
+        started = time.perf_counter()
+        body = await asyncio.to_thread(self._post, build_completion_body(read, self.settings))
+        result = parse_completion(read, body, constrained=self.settings.diffusion_constrained)
+        return ReadResult(slots=result.slots, timings={"engine_s": time.perf_counter() - started})
+
+    async def read(self, reads: Sequence[Read]) -> list[ReadResult]:
+        outcomes = await asyncio.gather(*(self._read_one(r) for r in reads), return_exceptions=True)
+        return _settle(outcomes, _classify_http_error)
+
+    async def close(self) -> None:
+        return None
+
+
+def _classify_http_error(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, _HttpError):
+        if exc.status in (400, 422):  # vLLM's VLLMValidationError -> 400 Bad Request
+            return "rejected", str(exc)
+        if exc.status in (401, 403, 404):  # wrong key, URL or model: fix the config
+            return "fatal", str(exc)
+        return "retry", str(exc)
+    if isinstance(exc, FatalEngineError):
+        return "fatal", str(exc)
+    return "retry", f"{type(exc).__name__}: {exc}"
+
+
+__all__ = [
+    "MAX_LOGPROB_TOKEN_IDS",
+    "ReadRejected",
+    "VllmEngine",
+    "VllmRemoteEngine",
+    "VllmRemoteSettings",
+    "VllmSettings",
+    "build_completion_body",
+    "build_sampling_params",
+    "build_xargs",
+    "engine_args",
+    "parse_completion",
+    "parse_output",
+]
