@@ -63,7 +63,8 @@ def _request(rid: str, state: str, qset: str, **extra: Any) -> ClassificationReq
 
 def _reads(chat: Any, engine: TransformersEngine, n: int, seed: int = 0) -> list[Read]:
     rng = random.Random(seed)
-    words = ["the", "you", "idiot", "free", "money", "now", "hello", "bonjour", "merci", "LOUD", "!!!", "http://x.com"]
+    words = ["the", "you", "idiot", "free", "money", "now", "hello", "bonjour"]
+    words += ["merci", "LOUD", "!!!", "http://x.com"]
     cache = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
     out = []
     for i in range(n):

@@ -51,7 +51,7 @@ gracias si ciao grazie ciao amico der die das und le la les et el los las y il e
 mention mentions above below threshold count how many does is the message in about A B C D E F
 G H I J K L M N O P Q R S T U V W X Y Z true false answer every on its own line using given
 only with write model system known earlier answers asked
-""".split()  # noqa: SIM905 (a word list reads best as text)
+""".split()
 
 _PUNCT = [".", ",", "!", "?", ":", ";", "-", "'", '"', "(", ")", "/", "\n", "!!", "!!!"]
 
