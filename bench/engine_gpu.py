@@ -1,0 +1,221 @@
+"""Engine benchmark: the transformers backend against a plain forward, on one GPU.
+
+Runs on the GPU machine (torch + transformers only; no pydantic there) and, with
+`--tiny`, on any CPU as a smoke test of the script itself. Prints a Markdown table and
+writes JSON (`--out`).
+
+What it measures, side by side in one process on the same model and inputs:
+- `peak`: a bf16 8192^3 matmul (the GPU's measured dense bf16 ceiling here).
+- `plain`: `model(input_ids=prompt, decoder_input_ids=canvas)` batched: the full
+  encoder over the prompt, one decoder pass, full-vocabulary logits at every canvas
+  position (the baseline the issue quotes: 5.4 reads/s at batch 1, 106 at 128).
+- `engine/unique`: TransformersEngine on prompts that share nothing.
+- `engine/shared`: TransformersEngine on traffic of one question set (the system text
+  is a shared prefix, cached once), label rows only.
+- `multistep`: the same answers by full denoising: the encoder once, then the generation
+  config's `max_denoising_steps` decoder passes with self-conditioning.
+
+Reads/s count one read = one (prompt, canvas) pair answered. FLOPs per read are
+2 x active parameters x tokens processed by the plain forward (prompt + canvas); the
+share of peak uses that same count for every row, so rows compare by work done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workers.engine.hf_backend import TransformersEngine
+from workers.engine.models import TINY_RANDOM, full_size_config, tiny_config
+from workers.engine.types import Read, Slot
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Any, repeats: int) -> float:
+    """Seconds per call: one warm-up, then the mean of `repeats` synchronized calls."""
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / repeats
+
+
+def measure_peak(device: str) -> float:
+    if device != "cuda":
+        return float("nan")
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sec = timed(lambda: a @ b, 10)
+    return 2 * n**3 / sec
+
+
+def build_model(tiny: bool, device: str) -> Any:
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    cfg = tiny_config(TINY_RANDOM) if tiny else full_size_config()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = DiffusionGemmaForBlockDiffusion(cfg)
+    torch.set_default_dtype(torch.float32)
+    return model.eval()
+
+
+def active_params(model: Any) -> tuple[int, int]:
+    tc = model.config.text_config
+    total = active = 0
+    for name, p in model.named_parameters():
+        if ".vision" in name or "vision_tower" in name or name.startswith("model.encoder.vision"):
+            continue
+        if "model.encoder.language_model.layers" in name:
+            continue  # tied to the decoder's layers (listed once)
+        n = p.numel()
+        total += n
+        active += n * tc.top_k_experts // tc.num_experts if ".experts." in name else n
+    return total, active
+
+
+def make_reads(
+    b: int, prompt_len: int, canvas: int, shared: int, vocab: int, rng: random.Random
+) -> list[Read]:
+    prefix = tuple(rng.randrange(16, vocab) for _ in range(shared))
+    slots = (
+        Slot("toxic", 2, (100, 101), ("yes", "no")),
+        Slot("category", 6, (200, 201, 202, 203), ("A", "B", "C", "D")),
+        Slot("severity", 10, (300, 301, 302, 303, 304), ("1", "2", "3", "4", "5")),
+    )
+    reads = []
+    for _ in range(b):
+        prompt = prefix + tuple(rng.randrange(16, vocab) for _ in range(prompt_len - shared))
+        canvas_ids = tuple(rng.randrange(0, vocab) for _ in range(canvas))
+        reads.append(Read(prompt, canvas_ids, slots, shared_prefix_len=shared))
+    return reads
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
+    ap.add_argument("--batches", default="1,8,32,128,256")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--canvas", type=int, default=16)
+    ap.add_argument("--shared", type=int, default=224, help="shared prefix (system text)")
+    ap.add_argument("--steps", type=int, default=48, help="multi-step denoising steps")
+    ap.add_argument("--multistep-batch", type=int, default=32)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    torch.set_grad_enabled(False)
+    info: dict[str, Any] = {"device": device, "torch": torch.__version__}
+    import transformers
+
+    info["transformers"] = transformers.__version__
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    peak = measure_peak(device)
+    info["peak_bf16_flops"] = peak
+    print(f"# {info}", flush=True)
+
+    t0 = time.perf_counter()
+    model = build_model(args.tiny, device)
+    info["build_s"] = time.perf_counter() - t0
+    total, active = active_params(model)
+    info.update(params=total, active_params=active, experts=model.config._experts_implementation)
+    if device == "cuda":
+        info["weights_gib"] = torch.cuda.memory_allocated() / 2**30
+    print(f"# model: {total / 1e9:.2f} B params, {active / 1e9:.2f} B active", flush=True)
+    vocab = model.config.text_config.vocab_size
+    flops_per_read = 2 * active * (args.prompt + args.canvas)
+    info["flops_per_read"] = flops_per_read
+
+    engine_unique = TransformersEngine(
+        model, model_name="full", max_batch_reads=512, reuse_prefix=False
+    )
+    engine_shared = TransformersEngine(
+        model, model_name="full", max_batch_reads=512, label_rows_only=True
+    )
+    rows: list[dict[str, Any]] = []
+    rng = random.Random(0)
+
+    def record(name: str, b: int, sec: float) -> None:
+        rps = b / sec
+        share = rps * flops_per_read / peak if peak == peak else float("nan")
+        rows.append({"variant": name, "batch": b, "reads_per_s": rps, "share_of_peak": share})
+        print(f"{name:16s} batch {b:4d}: {rps:9.2f} reads/s  {share:6.1%} of peak", flush=True)
+
+    for b in [int(x) for x in args.batches.split(",")]:
+        repeats = 2 if b >= 128 else 4
+        unique = make_reads(b, args.prompt, args.canvas, 0, vocab, rng)
+        shared = make_reads(b, args.prompt, args.canvas, args.shared, vocab, rng)
+        ids = torch.tensor([r.prompt_ids for r in unique], device=device)
+        canv = torch.tensor([r.canvas_ids for r in unique], device=device)
+        record("plain", b, timed(lambda: model(input_ids=ids, decoder_input_ids=canv), repeats))
+        del ids, canv
+        record("engine/unique", b, timed(lambda: engine_unique.read_sync(unique), repeats))
+        record("engine/shared", b, timed(lambda: engine_shared.read_sync(shared), repeats))
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    # Multi-step denoising of the same answers against one step, same batch and inputs.
+    from transformers import DynamicCache
+
+    mb = args.multistep_batch
+    reads = make_reads(mb, args.prompt, args.canvas, 0, vocab, rng)
+    ids = torch.tensor([r.prompt_ids for r in reads], device=device)
+    canv0 = torch.tensor([r.canvas_ids for r in reads], device=device)
+
+    def multistep() -> None:
+        cache = DynamicCache(config=model.config.text_config)
+        model.model.encoder(input_ids=ids, past_key_values=cache)
+        canvas, sc = canv0, None
+        for _ in range(args.steps):
+            out = model(
+                past_key_values=cache, decoder_input_ids=canvas, self_conditioning_logits=sc
+            )
+            sc = out.logits
+            canvas = sc.argmax(-1)
+
+    one = timed(lambda: model(input_ids=ids, decoder_input_ids=canv0), 2)
+    many = timed(multistep, 1)
+    info["multistep"] = {
+        "batch": mb,
+        "steps": args.steps,
+        "single_step_s": one,
+        "multistep_s": many,
+        "ratio": many / one,
+    }
+    print(
+        f"multistep batch {mb}: one step {one * 1e3:.1f} ms, {args.steps} steps "
+        f"{many * 1e3:.1f} ms: single-step reads are {many / one:.1f}x faster",
+        flush=True,
+    )
+    info["engine_stats"] = {
+        "unique": dict(engine_unique.stats),
+        "shared": dict(engine_shared.stats),
+    }
+    result = {"info": info, "rows": rows, "args": vars(args)}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
