@@ -86,8 +86,6 @@ def active_params(model: Any) -> tuple[int, int]:
     for name, p in model.named_parameters():
         if ".vision" in name or "vision_tower" in name or name.startswith("model.encoder.vision"):
             continue
-        if "model.encoder.language_model.layers" in name:
-            continue  # tied to the decoder's layers (listed once)
         n = p.numel()
         total += n
         active += n * tc.top_k_experts // tc.num_experts if ".experts." in name else n

@@ -164,11 +164,16 @@ class TransformersEngine:
                 [encoded[reads[i].prompt_ids][3] for i in idxs], device=self.device
             )
             canvas = torch.tensor([reads[i].canvas_ids for i in idxs], device=self.device)
-            sel = _select_rows(cache, rows)
-            dec_mask = torch.cat(
-                [mask[rows], torch.ones(len(idxs), width, dtype=mask.dtype, device=self.device)],
-                dim=1,
+            identity = len(idxs) == mask.shape[0] and all(
+                encoded[reads[i].prompt_ids][1] == k for k, i in enumerate(idxs)
             )
+            # The decoder only reads the cache, so the encoder's batch serves as is.
+            sel = cache if identity else _select_rows(cache, rows)
+            key_mask = mask[rows]
+            dec_mask = None
+            if not bool(key_mask.all()):  # an all-ones mask lets attention skip masking
+                ones = torch.ones(len(idxs), width, dtype=mask.dtype, device=self.device)
+                dec_mask = torch.cat([key_mask, ones], dim=1)
             positions = lengths[:, None] + torch.arange(width, device=self.device)[None, :]
             hidden = self.model.model.decoder(
                 decoder_input_ids=canvas,
@@ -224,7 +229,7 @@ class TransformersEngine:
         base: Any
         if prefix:
             base = self._prefix_kv(prefix)
-            cache = _select_rows(base, torch.zeros(b, dtype=torch.long, device=self.device))
+            cache = _broadcast(base, b)
         else:
             cache = DynamicCache(config=self.text_config)
         suffixes = [p[len(prefix) :] for p in prompts]
@@ -239,7 +244,15 @@ class TransformersEngine:
             mask[row, len(prefix) + pad :] = 1
             pos[row, pad:] = torch.arange(len(prefix), len(prefix) + len(s), device=self.device)
         if width:
-            encoder(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+            padded = not bool(mask.all())
+            encoder(
+                input_ids=ids,
+                # Without padding the default (causal, positions after the cache) is exact
+                # and lets attention use its unmasked kernels.
+                attention_mask=mask if padded else None,
+                position_ids=pos if padded else None,
+                past_key_values=cache,
+            )
         self.stats["encoded_tokens"] += int(mask[:, len(prefix) :].sum())
         return cache, mask, [len(p) for p in prompts]
 
@@ -263,36 +276,39 @@ class TransformersEngine:
         return cache
 
     def _slot_reads(self, h: Any, slots: Sequence[Any]) -> list[SlotRead]:
+        """Label logits (and, unless label rows only, the full log-sum-exp and max) at the
+        slot rows; only small arrays leave the device."""
         torch = _torch()
-        weight = self.model.lm_head.weight
+        k_max = max(len(s.label_ids) for s in slots)
+        ids = torch.tensor(
+            [list(s.label_ids) + [0] * (k_max - len(s.label_ids)) for s in slots],
+            device=self.device,
+        )
         cap = self._softcap
 
         def softcap(x: Any) -> Any:
             x = x.to(torch.float32)
             return torch.tanh(x / cap) * cap if cap else x
 
-        out: list[SlotRead] = []
+        lse = mx = None
         if self.label_rows_only:
             # Each slot against its own label rows only: (n, k) from (n, d) x (n, k, d).
-            k_max = max(len(s.label_ids) for s in slots)
-            ids = torch.zeros(len(slots), k_max, dtype=torch.long, device=self.device)
-            for i, s in enumerate(slots):
-                ids[i, : len(s.label_ids)] = torch.tensor(s.label_ids, device=self.device)
-            logits = softcap(torch.einsum("nd,nkd->nk", h, weight[ids])).cpu().numpy()
-            for i, s in enumerate(slots):
-                out.append(
-                    slot_read_from_label_logits(s.question_id, logits[i, : len(s.label_ids)])
-                )
-            return out
-        full = softcap(self.model.lm_head(h))
-        lse = torch.logsumexp(full, dim=-1).cpu().numpy()
-        mx = full.max(dim=-1).values.cpu().numpy()
-        full_np = full.cpu().numpy()
+            weight = self.model.lm_head.weight
+            labels = softcap(torch.einsum("nd,nkd->nk", h, weight[ids]))
+        else:
+            full = softcap(self.model.lm_head(h))
+            labels = full.gather(1, ids)
+            lse = torch.logsumexp(full, dim=-1).cpu().numpy()
+            mx = full.max(dim=-1).values.cpu().numpy()
+        label_np = labels.cpu().numpy()
+        out: list[SlotRead] = []
         for i, s in enumerate(slots):
-            label_logits = full_np[i, list(s.label_ids)]
             out.append(
                 slot_read_from_label_logits(
-                    s.question_id, label_logits, float(lse[i]), float(mx[i])
+                    s.question_id,
+                    label_np[i, : len(s.label_ids)],
+                    None if lse is None else float(lse[i]),
+                    None if mx is None else float(mx[i]),
                 )
             )
         return out
@@ -311,6 +327,24 @@ def _select_rows(cache: Any, rows: Any) -> Any:
         ):
             nl.keys = layer.keys.index_select(0, rows)
             nl.values = layer.values.index_select(0, rows)
+        layers.append(nl)
+    new.layers = layers
+    return new
+
+
+def _broadcast(cache: Any, batch: int) -> Any:
+    """A batch-`batch` view of a batch-1 cache (no copy until the encoder appends)."""
+    new = copy.copy(cache)
+    layers = []
+    for layer in cache.layers:
+        nl = copy.copy(layer)
+        if (
+            getattr(layer, "is_initialized", False)
+            and layer.keys is not None
+            and layer.keys.numel()
+        ):
+            nl.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
+            nl.values = layer.values.expand(batch, *layer.values.shape[1:])
         layers.append(nl)
     new.layers = layers
     return new

@@ -136,12 +136,13 @@ class VllmSettings(BaseModel):
     max_num_batched_tokens: int = Field(default=2048, gt=0)
     # The reported run used about 21.5 of 24 GB, i.e. 0.9 x 24 = 21.6: vLLM's default.
     gpu_memory_utilization: float = Field(default=0.90, gt=0.0, le=1.0)
-    # None = detect from the checkpoint. RedHatAI's NVFP4 checkpoints are llm-compressor
-    # output whose config.json carries `quantization_config.quant_method =
-    # "compressed-tensors"`; `ModelConfig._verify_quantization` reads it and picks the
-    # method (on a pre-Blackwell card such as the 3090 compressed-tensors runs NVFP4 weights
-    # through its weight-only FP4 path). Forcing a name that disagrees with the checkpoint
-    # is an error in vLLM.
+    # None = detect from the checkpoint, as vLLM expects: `ModelConfig._verify_quantization`
+    # reads `quantization_config.quant_method` from its config.json. RedHatAI's NVFP4
+    # checkpoints are llm-compressor output ("compressed-tensors"; not checked against this
+    # one offline), which `CompressedTensorsConfig._get_scheme_from_parts` maps to
+    # `CompressedTensorsW4A4Fp4` (min capability 7.5; `init_nvfp4_linear_kernel` has a Marlin
+    # NVFP4 kernel for pre-Blackwell cards such as the 3090). A forced name that disagrees
+    # with the checkpoint is an error in vLLM.
     quantization: str | None = None
     # Gemma activations overflow in fp16; the checkpoint's dtype is bf16 and Ampere has it.
     dtype: str = "bfloat16"
