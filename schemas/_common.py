@@ -1,0 +1,58 @@
+"""Private building blocks shared by the models."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
+
+from schemas.errors import ErrorCode
+
+# Context key of a custom error that carries the full dotted path of the offending field
+# (validators that run on the whole model have no location of their own).
+FIELD_CTX = "dg_field"
+# Key in the validation context under which `parse_request` passes its `ParseLimits`.
+LIMITS_CTX = "dgstream_limits"
+
+
+def fail(code: ErrorCode, message: str, field: str | None = None) -> PydanticCustomError:
+    """A validation error whose type is the error code (so the parser maps it directly)."""
+    ctx = {FIELD_CTX: field} if field is not None else None
+    return PydanticCustomError(code.value, message, ctx)
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a C0/C1 control character or DEL."""
+    return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text)
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
+class WireModel(BaseModel):
+    """Base of the outgoing models (results, dead letters): frozen, no extra fields."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        allow_inf_nan=False,
+        # What we write always carries every field: say so in the published schema.
+        json_schema_serialization_defaults_required=True,
+    )
+
+
+class RequestModel(BaseModel):
+    """Base of the incoming models: frozen, no extra fields, and strict JSON types (no "5" -> 5)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)

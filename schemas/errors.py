@@ -1,0 +1,139 @@
+"""Machine-readable error codes and the error value that carries one."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorCode(StrEnum):
+    """Why a request was refused. The one list of codes: dead letters, logs and tests use it.
+
+    Parse (the bytes are not a request at all):
+      EMPTY_MESSAGE (no value, or zero bytes), MESSAGE_TOO_LARGE (over max_message_bytes),
+      INVALID_UTF8, INVALID_JSON (also NaN/Infinity, duplicate keys, nesting too deep),
+      NOT_AN_OBJECT (top-level JSON is not an object), UNSUPPORTED_SCHEMA_VERSION.
+
+    Contract (a field breaks the request schema):
+      MISSING_FIELD, UNKNOWN_FIELD, WRONG_TYPE (a JSON value of the wrong type, e.g. state as
+      a number, samples as "many"), INVALID_ID (empty or control characters), ID_TOO_LONG
+      (over 128 characters), STATE_TOO_LARGE (over max_state_chars), NO_QUESTIONS (neither
+      questions nor question_set, or empty questions), QUESTIONS_AND_SET (both given),
+      TOO_MANY_QUESTIONS, INVALID_QUESTION_ID (not ^[A-Za-z][A-Za-z0-9_]{0,63}$),
+      UNKNOWN_QUESTION_KIND (type not noul/yes_no/choice/score), EMPTY_INSTRUCTIONS,
+      INSTRUCTIONS_TOO_LONG (over 2000 characters), TOO_FEW_OPTIONS / TOO_MANY_OPTIONS (a
+      choice needs 2..26), DUPLICATE_OPTION (same name ignoring case and surrounding space),
+      INVALID_OPTION_NAME (blank, over 64 characters, or control characters), TOO_FEW_LEVELS /
+      TOO_MANY_LEVELS (a score needs 2..10), DUPLICATE_LEVEL, INVALID_LEVEL_NAME (blank or
+      control characters), INVALID_SAMPLES (not 1..16), INVALID_AUTO_OPTIONS (auto_threshold
+      not > 0, auto_max not 2..16, or either without samples "auto"), INVALID_REPLY_TOPIC (not a
+      Kafka topic name), INVALID_METADATA (not an object, or nested too deeply to echo back),
+      INVALID_VALUE (any other value the schema refuses).
+
+    Graph (how questions refer to each other):
+      UNKNOWN_DEPENDENCY (depends_on / ask_if names a question not in the request),
+      DEPENDENCY_CYCLE (a question depends on itself, directly or through others),
+      INVALID_ASK_IF_VALUE (an ask_if value that the referenced question cannot answer, or an
+      empty list of values).
+
+    Pipeline (raised by the worker once the request has parsed):
+      UNKNOWN_QUESTION_SET (question_set names no configured set), LABEL_NOT_SINGLE_TOKEN (a
+      label is not one token), LABEL_POSITION_MISMATCH (labels do not land at the same template
+      position), DUPLICATE_LABEL_TOKEN (two labels of a question share a token),
+      TEMPLATE_TOO_LONG (a question's answer template does not fit the canvas).
+
+    Engine:
+      ENGINE_FAILED (the engine could not answer; the request itself may be fine).
+    """
+
+    # parse
+    EMPTY_MESSAGE = "EMPTY_MESSAGE"
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+    INVALID_UTF8 = "INVALID_UTF8"
+    INVALID_JSON = "INVALID_JSON"
+    NOT_AN_OBJECT = "NOT_AN_OBJECT"
+    UNSUPPORTED_SCHEMA_VERSION = "UNSUPPORTED_SCHEMA_VERSION"
+    # contract
+    MISSING_FIELD = "MISSING_FIELD"
+    UNKNOWN_FIELD = "UNKNOWN_FIELD"
+    WRONG_TYPE = "WRONG_TYPE"
+    INVALID_ID = "INVALID_ID"
+    ID_TOO_LONG = "ID_TOO_LONG"
+    STATE_TOO_LARGE = "STATE_TOO_LARGE"
+    NO_QUESTIONS = "NO_QUESTIONS"
+    QUESTIONS_AND_SET = "QUESTIONS_AND_SET"
+    TOO_MANY_QUESTIONS = "TOO_MANY_QUESTIONS"
+    INVALID_QUESTION_ID = "INVALID_QUESTION_ID"
+    UNKNOWN_QUESTION_KIND = "UNKNOWN_QUESTION_KIND"
+    EMPTY_INSTRUCTIONS = "EMPTY_INSTRUCTIONS"
+    INSTRUCTIONS_TOO_LONG = "INSTRUCTIONS_TOO_LONG"
+    TOO_FEW_OPTIONS = "TOO_FEW_OPTIONS"
+    TOO_MANY_OPTIONS = "TOO_MANY_OPTIONS"
+    DUPLICATE_OPTION = "DUPLICATE_OPTION"
+    INVALID_OPTION_NAME = "INVALID_OPTION_NAME"
+    TOO_FEW_LEVELS = "TOO_FEW_LEVELS"
+    TOO_MANY_LEVELS = "TOO_MANY_LEVELS"
+    DUPLICATE_LEVEL = "DUPLICATE_LEVEL"
+    INVALID_LEVEL_NAME = "INVALID_LEVEL_NAME"
+    INVALID_SAMPLES = "INVALID_SAMPLES"
+    INVALID_AUTO_OPTIONS = "INVALID_AUTO_OPTIONS"
+    INVALID_REPLY_TOPIC = "INVALID_REPLY_TOPIC"
+    INVALID_METADATA = "INVALID_METADATA"
+    INVALID_VALUE = "INVALID_VALUE"
+    # graph
+    UNKNOWN_DEPENDENCY = "UNKNOWN_DEPENDENCY"
+    DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
+    INVALID_ASK_IF_VALUE = "INVALID_ASK_IF_VALUE"
+    # pipeline
+    UNKNOWN_QUESTION_SET = "UNKNOWN_QUESTION_SET"
+    LABEL_NOT_SINGLE_TOKEN = "LABEL_NOT_SINGLE_TOKEN"
+    LABEL_POSITION_MISMATCH = "LABEL_POSITION_MISMATCH"
+    DUPLICATE_LABEL_TOKEN = "DUPLICATE_LABEL_TOKEN"
+    TEMPLATE_TOO_LONG = "TEMPLATE_TOO_LONG"
+    # engine
+    ENGINE_FAILED = "ENGINE_FAILED"
+
+
+class RequestError(BaseModel):
+    """A refusal: the code, a message for people that names the field, and the field's path."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: ErrorCode
+    message: str = Field(description="For people; names the offending field.")
+    field: str | None = Field(
+        default=None,
+        description="Dotted path of the offending field (`questions.q1.criteria`); null when "
+        "the message as a whole is at fault.",
+    )
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+
+class RequestRejected(Exception):
+    """A `RequestError` as an exception, for code paths (the engine) that raise rather than return.
+
+    `RequestRejected(error)` or `RequestRejected(code, message, field)`.
+    """
+
+    def __init__(
+        self,
+        error: RequestError | ErrorCode,
+        message: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        if not isinstance(error, RequestError):
+            error = RequestError(code=error, message=message or str(error), field=field)
+        elif message is not None or field is not None:
+            raise TypeError("pass either a RequestError or a code with its message and field")
+        super().__init__(error)
+        self.error = error
+
+    @property
+    def code(self) -> ErrorCode:
+        return self.error.code
+
+    def __str__(self) -> str:
+        return str(self.error)

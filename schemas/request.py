@@ -1,0 +1,496 @@
+"""Classification requests: a text (`state`) and the questions to answer about it.
+
+Questions have the Jev API's shape and are told apart by `type`. They may depend on one another
+(`depends_on`: asked after those questions, with their answers in the prompt) or be asked only
+when another question's answer is among given values (`ask_if`, which implies the dependency).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from schemas._common import LIMITS_CTX, RequestModel, fail, has_control, json_type
+from schemas._version import SchemaVersion
+from schemas.errors import ErrorCode, RequestRejected
+
+QuestionKind = Literal["yes_no", "choice", "score"]
+
+MAX_QUESTIONS = 64
+MAX_ID_CHARS = 128
+MAX_INSTRUCTIONS_CHARS = 2000
+MAX_OPTION_CHARS = 64
+MIN_OPTIONS, MAX_OPTIONS = 2, 26
+MIN_LEVELS, MAX_LEVELS = 2, 10
+MIN_SAMPLES, MAX_SAMPLES = 1, 16
+MIN_AUTO_MAX = 2
+# Metadata is echoed inside the result; deeper nesting cannot be serialized back reliably.
+MAX_METADATA_DEPTH = 64
+
+_QUESTION_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+_QUESTION_ID_RE = re.compile(_QUESTION_ID_PATTERN[1:-1])
+_ID_PATTERN = r"^[^\x00-\x1F\x7F-\x9F]+$"
+_TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
+_YES_NO_ANSWERS = ("yes", "no")
+
+
+# --- questions ----------------------------------------------------------------------------------
+
+
+class _QuestionBase(RequestModel):
+    type: str  # narrowed to a Literal by each kind; declared here so it comes first
+    instructions: str = Field(
+        min_length=1,
+        max_length=MAX_INSTRUCTIONS_CHARS,
+        description="What to decide, in words; not blank.",
+    )
+    depends_on: list[str] = Field(
+        default_factory=list,
+        description="Ids of questions whose answers go into this question's prompt; this "
+        "question is asked after them.",
+    )
+    ask_if: dict[str, list[str]] | None = Field(
+        default=None,
+        description="Question id -> answers of that question for which this one is asked "
+        "(yes/no: 'yes'/'no'; choice: option names; score: level names). Implies the "
+        "dependency. When not met, the answer is of type 'skipped'.",
+    )
+
+    @field_validator("instructions")
+    @classmethod
+    def _instructions_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise fail(ErrorCode.EMPTY_INSTRUCTIONS, "instructions are blank")
+        return value
+
+    @property
+    def kind(self) -> QuestionKind:
+        """The normalized kind: "yes_no" (for both "noul" and "yes_no"), "choice" or "score"."""
+        raise NotImplementedError
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """The values an answer can take, in order (also what `ask_if` lists)."""
+        raise NotImplementedError
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Same as `answers`: answer names, not the label tokens the engine writes."""
+        return self.answers
+
+    @property
+    def prerequisites(self) -> tuple[str, ...]:
+        """Ids this question waits for: `depends_on`, then `ask_if` keys, without repeats."""
+        return tuple(dict.fromkeys([*self.depends_on, *(self.ask_if or {})]))
+
+
+class YesNoCriteria(RequestModel):
+    """What `yes` and what `no` mean (either may be left out)."""
+
+    true: str | None = None
+    false: str | None = None
+
+
+class YesNoQuestion(_QuestionBase):
+    """A yes/no question. `type` "noul" (the Jev API's name) and "yes_no" mean the same."""
+
+    type: Literal["noul", "yes_no"]
+    criteria: YesNoCriteria | None = None
+
+    @property
+    def kind(self) -> QuestionKind:
+        return "yes_no"
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        return _YES_NO_ANSWERS
+
+
+class ChoiceQuestion(_QuestionBase):
+    """Pick one of 2..26 named options."""
+
+    type: Literal["choice"]
+    criteria: dict[str, str | None] = Field(
+        min_length=MIN_OPTIONS,
+        max_length=MAX_OPTIONS,
+        description="Option name -> description (or null), in order. Names are not blank, at "
+        "most 64 characters, and unique ignoring case and surrounding space.",
+    )
+
+    @field_validator("criteria")
+    @classmethod
+    def _check_options(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        seen: dict[str, str] = {}
+        for name in value:
+            stripped = name.strip()
+            if not stripped or len(name) > MAX_OPTION_CHARS or has_control(name):
+                raise fail(
+                    ErrorCode.INVALID_OPTION_NAME,
+                    f"option name {name!r} must be 1..{MAX_OPTION_CHARS} characters, not blank, "
+                    "without control characters",
+                )
+            key = stripped.casefold()
+            if key in seen:
+                raise fail(
+                    ErrorCode.DUPLICATE_OPTION,
+                    f"option {name!r} repeats {seen[key]!r} (names are compared ignoring case "
+                    "and surrounding space)",
+                )
+            seen[key] = name
+        return value
+
+    @property
+    def kind(self) -> QuestionKind:
+        return "choice"
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        return tuple(self.criteria)
+
+
+class ScoreQuestion(_QuestionBase):
+    """Place the state on an ordered scale of 2..10 levels, lowest first."""
+
+    type: Literal["score"]
+    criteria: list[str] = Field(
+        min_length=MIN_LEVELS,
+        max_length=MAX_LEVELS,
+        description="Level names, lowest first; numbered 1..n in results. Not blank, unique "
+        "ignoring case and surrounding space.",
+    )
+
+    @field_validator("criteria")
+    @classmethod
+    def _check_levels(cls, value: list[str]) -> list[str]:
+        seen: dict[str, str] = {}
+        for level in value:
+            stripped = level.strip()
+            if not stripped or has_control(level):
+                raise fail(
+                    ErrorCode.INVALID_LEVEL_NAME,
+                    f"level name {level!r} must not be blank or hold control characters",
+                )
+            key = stripped.casefold()
+            if key in seen:
+                raise fail(
+                    ErrorCode.DUPLICATE_LEVEL,
+                    f"level {level!r} repeats {seen[key]!r} (names are compared ignoring case "
+                    "and surrounding space)",
+                )
+            seen[key] = level
+        return value
+
+    @property
+    def kind(self) -> QuestionKind:
+        return "score"
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        return tuple(self.criteria)
+
+
+Question = Annotated[YesNoQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
+QUESTION_TYPES: tuple[str, ...] = ("noul", "yes_no", "choice", "score")
+
+
+# --- the dependency graph -----------------------------------------------------------------------
+
+
+class _Problem(NamedTuple):
+    code: ErrorCode
+    text: str
+    field: str
+
+
+def _graph_problem(questions: Mapping[str, _QuestionBase]) -> _Problem | None:
+    """The first problem with the references between questions, in a fixed order."""
+    for qid, question in questions.items():
+        for ref in question.depends_on:
+            where = f"questions.{qid}.depends_on"
+            if ref == qid:
+                return _Problem(ErrorCode.DEPENDENCY_CYCLE, f"{qid!r} depends on itself", where)
+            if ref not in questions:
+                return _Problem(
+                    ErrorCode.UNKNOWN_DEPENDENCY, f"depends on unknown question {ref!r}", where
+                )
+        for ref, values in (question.ask_if or {}).items():
+            where = f"questions.{qid}.ask_if"
+            if ref == qid:
+                return _Problem(ErrorCode.DEPENDENCY_CYCLE, f"{qid!r} is asked if itself", where)
+            if ref not in questions:
+                return _Problem(
+                    ErrorCode.UNKNOWN_DEPENDENCY, f"ask_if names unknown question {ref!r}", where
+                )
+            allowed = questions[ref].answers
+            where = f"{where}.{ref}"
+            if not values:
+                return _Problem(ErrorCode.INVALID_ASK_IF_VALUE, "lists no answers", where)
+            for value in values:
+                if value not in allowed:
+                    return _Problem(
+                        ErrorCode.INVALID_ASK_IF_VALUE,
+                        f"{value!r} is not an answer of {ref!r}; its answers are "
+                        + ", ".join(repr(a) for a in allowed),
+                        where,
+                    )
+    cycle = _find_cycle(questions)
+    if cycle is not None:
+        first, second = cycle[0], cycle[1]
+        edge = "depends_on" if second in questions[first].depends_on else "ask_if"
+        return _Problem(
+            ErrorCode.DEPENDENCY_CYCLE,
+            "dependency cycle " + " -> ".join(cycle),
+            f"questions.{first}.{edge}",
+        )
+    return None
+
+
+def _find_cycle(questions: Mapping[str, _QuestionBase]) -> list[str] | None:
+    """A cycle as [a, b, ..., a] (the first found visiting in request order), or None."""
+    done: set[str] = set()
+    for root in questions:
+        if root in done:
+            continue
+        path: list[str] = [root]
+        on_path = {root}
+        stack = [iter(questions[root].prerequisites)]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+                continue
+            if nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt in done:
+                continue
+            path.append(nxt)
+            on_path.add(nxt)
+            stack.append(iter(questions[nxt].prerequisites))
+    return None
+
+
+def question_order(questions: Mapping[str, _QuestionBase]) -> list[list[str]]:
+    """Stages for the engine: each question comes one stage after the last it waits for.
+
+    Stage 0 holds the questions that wait for none; within a stage, request order is kept.
+    Raises `RequestRejected` (UNKNOWN_DEPENDENCY, DEPENDENCY_CYCLE, INVALID_ASK_IF_VALUE) when the
+    references are broken (never for a request that `parse_request` accepted).
+    """
+    problem = _graph_problem(questions)
+    if problem is not None:
+        raise RequestRejected(problem.code, f"{problem.field}: {problem.text}", problem.field)
+    depth: dict[str, int] = {}
+
+    def stage_of(qid: str) -> int:
+        if qid not in depth:
+            waits = questions[qid].prerequisites
+            depth[qid] = 1 + max((stage_of(p) for p in waits), default=-1)
+        return depth[qid]
+
+    stages: list[list[str]] = []
+    for qid in questions:
+        level = stage_of(qid)
+        while len(stages) <= level:
+            stages.append([])
+        stages[level].append(qid)
+    return stages
+
+
+# --- the request ----------------------------------------------------------------------------------
+
+
+def _limits(info: ValidationInfo) -> Any:
+    return info.context.get(LIMITS_CTX) if isinstance(info.context, dict) else None
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of JSON containers (a scalar is 0, {} is 1), without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        if deepest > MAX_METADATA_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+class ClassificationRequest(RequestModel):
+    """One request: answer `questions` (or the configured `question_set`) about `state`."""
+
+    schema_version: SchemaVersion = 1
+    id: str = Field(
+        min_length=1,
+        max_length=MAX_ID_CHARS,
+        pattern=_ID_PATTERN,
+        description="Correlates the result with the request; no control characters.",
+    )
+    state: str = Field(
+        description="The text the questions are about. Its length is limited by the worker's "
+        "parse limits (max_state_chars, 32000 characters by default)."
+    )
+    questions: (
+        Annotated[
+            dict[str, Question],
+            Field(
+                min_length=1,
+                max_length=MAX_QUESTIONS,
+                json_schema_extra={"propertyNames": {"pattern": _QUESTION_ID_PATTERN}},
+            ),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Question id -> question. Ids match ^[A-Za-z][A-Za-z0-9_]{0,63}$ (they are "
+        "written into the answer template). Exactly one of questions and question_set.",
+    )
+    question_set: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Name of a question set configured on the workers, instead of questions.",
+    )
+    samples: int | Literal["auto"] = Field(
+        default=1,
+        description='Reads to average (1..16), or "auto": one read, more only while some '
+        "question's entropy is above auto_threshold, up to auto_max.",
+        json_schema_extra={
+            "anyOf": [
+                {"type": "integer", "minimum": MIN_SAMPLES, "maximum": MAX_SAMPLES},
+                {"const": "auto", "type": "string"},
+            ]
+        },
+    )
+    auto_threshold: float | None = Field(
+        default=None,
+        gt=0,
+        description='Entropy in nats above which "auto" takes another read. Only with "auto".',
+    )
+    auto_max: int | None = Field(
+        default=None,
+        ge=MIN_AUTO_MAX,
+        le=MAX_SAMPLES,
+        description='Most reads "auto" may take (2..16). Only with "auto".',
+    )
+    reply_topic: str | None = Field(
+        default=None,
+        pattern=_TOPIC_PATTERN,
+        description='Kafka topic for the result instead of the configured one; not "." or "..".',
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Anything; echoed untouched in the result (nesting depth at most 64).",
+    )
+
+    @field_validator("state")
+    @classmethod
+    def _state_within_limit(cls, value: str, info: ValidationInfo) -> str:
+        limits = _limits(info)
+        if limits is not None and len(value) > limits.max_state_chars:
+            raise fail(
+                ErrorCode.STATE_TOO_LARGE,
+                f"state has {len(value)} characters; the limit is {limits.max_state_chars}",
+            )
+        return value
+
+    @field_validator("questions", mode="before")
+    @classmethod
+    def _check_question_ids(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, dict):
+            return value  # None, or a wrong type reported by the type check
+        if not value:
+            raise fail(ErrorCode.NO_QUESTIONS, "questions is empty")
+        limits = _limits(info)
+        most = MAX_QUESTIONS if limits is None else min(MAX_QUESTIONS, limits.max_questions)
+        if len(value) > most:
+            raise fail(
+                ErrorCode.TOO_MANY_QUESTIONS,
+                f"{len(value)} questions; at most {most} are allowed",
+            )
+        for qid in value:
+            if not isinstance(qid, str) or not _is_question_id(qid):
+                raise fail(
+                    ErrorCode.INVALID_QUESTION_ID,
+                    f"question id {qid!r} must match {_QUESTION_ID_PATTERN}",
+                    f"questions.{qid}",
+                )
+        return value
+
+    @field_validator("samples", mode="before")
+    @classmethod
+    def _check_samples(cls, value: Any) -> Any:
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail(
+                ErrorCode.WRONG_TYPE,
+                f'samples must be an integer or "auto", got {json_type(value)} {value!r}',
+            )
+        if not MIN_SAMPLES <= value <= MAX_SAMPLES:
+            raise fail(
+                ErrorCode.INVALID_SAMPLES,
+                f"samples must be {MIN_SAMPLES}..{MAX_SAMPLES}, got {value}",
+            )
+        return value
+
+    @field_validator("reply_topic")
+    @classmethod
+    def _check_topic(cls, value: str | None) -> str | None:
+        if value in (".", ".."):
+            raise fail(ErrorCode.INVALID_REPLY_TOPIC, f"{value!r} is not a valid topic name")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if _depth(value) > MAX_METADATA_DEPTH:
+            raise fail(
+                ErrorCode.INVALID_METADATA,
+                f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_request(self) -> ClassificationRequest:
+        if self.questions is None and self.question_set is None:
+            raise fail(ErrorCode.NO_QUESTIONS, "give questions or question_set", "questions")
+        if self.questions is not None and self.question_set is not None:
+            raise fail(
+                ErrorCode.QUESTIONS_AND_SET,
+                "give questions or question_set, not both",
+                "question_set",
+            )
+        if self.samples != "auto":
+            for name in ("auto_threshold", "auto_max"):
+                if getattr(self, name) is not None:
+                    raise fail(
+                        ErrorCode.INVALID_AUTO_OPTIONS,
+                        f'{name} needs samples "auto" (samples is {self.samples})',
+                        name,
+                    )
+        if self.questions is not None:
+            problem = _graph_problem(self.questions)
+            if problem is not None:
+                raise fail(problem.code, problem.text, problem.field)
+        return self
+
+    def stages(self) -> list[list[str]]:
+        """`question_order` of this request's questions ([] for a question_set request)."""
+        return question_order(self.questions) if self.questions is not None else []
+
+
+def _is_question_id(qid: str) -> bool:
+    return _QUESTION_ID_RE.fullmatch(qid) is not None

@@ -1,0 +1,95 @@
+"""Shared fixtures. Keep this general: each area adds its own fixtures below its section.
+
+Kafka: `kafka_broker` is ONE real broker (KRaft, loopback, a free port, a temporary home)
+for the whole session; tests isolate themselves with `unique_name`, `topic` and `group`.
+A test using it fails, never skips, when the broker's jars cannot be fetched or it does
+not start.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from infra.kafka.broker import BrokerInfo
+    from workers.kafka_settings import KafkaConnection
+
+
+# --------------------------------------------------------------------------- names
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:limit] or "t"
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """`unique_name("out")` -> "out-<test name>-<random>", a valid Kafka topic/group name.
+
+    Every call gives a new name, so one test can make several topics."""
+    base = _slug(request.node.name)
+
+    def make(prefix: str = "dg") -> str:
+        return f"{_slug(prefix, 20)}-{base}-{uuid.uuid4().hex[:10]}"
+
+    return make
+
+
+@pytest.fixture
+def topic(unique_name: Callable[[str], str]) -> str:
+    """A fresh topic name (the topic itself is not created)."""
+    return unique_name("topic")
+
+
+@pytest.fixture
+def group(unique_name: Callable[[str], str]) -> str:
+    """A fresh consumer group id."""
+    return unique_name("group")
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
+    """A real single-node Kafka 4.x broker for the session; stopped at the end."""
+    from infra.kafka import broker
+
+    try:
+        broker.fetch()
+    except broker.BrokerError as exc:
+        pytest.fail(f"cannot fetch Kafka's jars (Maven Central): {exc}", pytrace=False)
+    home = tmp_path_factory.mktemp("kafka-home")
+    try:
+        info = broker.start(home, port=0)
+    except broker.BrokerError as exc:
+        pytest.fail(f"cannot start the Kafka broker: {exc}", pytrace=False)
+    try:
+        yield info
+    finally:
+        broker.stop(home)
+
+
+@pytest.fixture
+def kafka_connection(kafka_broker: BrokerInfo) -> KafkaConnection:
+    """Connection settings for the session broker."""
+    from workers.kafka_settings import KafkaConnection
+
+    return KafkaConnection(bootstrap_servers=kafka_broker.bootstrap_servers)
+
+
+@pytest.fixture
+def kafka_admin(kafka_connection: KafkaConnection) -> Iterator[Any]:
+    """A kafka-python `KafkaAdminClient` on the session broker, closed after the test."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(**kafka_connection.client_kwargs(client_id="dgstream-tests"))
+    try:
+        yield admin
+    finally:
+        admin.close()

@@ -1,0 +1,593 @@
+"""The vLLM adapter against vLLM 0.33's OWN request validation and output types (CPU only).
+
+Reads are built by hand with a fake tokenizer (the point is vLLM's admission path, not
+tokenization), against the real model's vocabulary size (262144) and a served canvas of 64.
+
+What runs on a CPU machine, and why the rest does not:
+- `ModelConfig` builds offline from a local directory holding a DiffusionGemma config.json
+  (transformers 5.20 ships `DiffusionGemmaConfig`; vLLM reads `canvas_length` from it to set
+  `is_diffusion`). The tokenizer is skipped (`skip_tokenizer_init`): none exists offline.
+- `AsyncEngineArgs.create_engine_config()` does not: with no GPU, vLLM's platform is
+  `UnspecifiedPlatform` and the default `DeviceConfig` raises "Device string must not be
+  empty" / "Failed to infer device type" (the CLI parser hits the same default factory).
+  A `VllmConfig` built from our engine args' model and diffusion configs with
+  `DeviceConfig(device="cpu")` does construct, and with it vLLM's real `InputProcessor`,
+  whose `process_inputs` is exactly what `AsyncLLM.add_request` runs at admission:
+  `SamplingParams.verify` (logprobs, diffusion sampling limits, ...) and
+  `validate_diffusion_sampling_params` with the served canvas and the vocabulary size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from workers.engine.types import Engine, FatalEngineError, Read, RecoverableEngineError, Slot
+from workers.engine.vllm_backend import (
+    MAX_LOGPROB_TOKEN_IDS as OUR_MAX_LOGPROB_TOKEN_IDS,
+)
+from workers.engine.vllm_backend import (
+    ReadRejected,
+    VllmEngine,
+    VllmRemoteEngine,
+    VllmRemoteSettings,
+    VllmSettings,
+    build_completion_body,
+    build_sampling_params,
+    build_xargs,
+    engine_args,
+    parse_output,
+)
+
+_SKIP = os.environ.get("DGSTREAM_SKIP_VLLM") == "1"
+_SKIP_REASON = "DGSTREAM_SKIP_VLLM=1: vLLM's own request validation deliberately not checked"
+if _SKIP:
+    pytest.skip(_SKIP_REASON, allow_module_level=True)
+
+try:
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.config.attention import AttentionConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+    from vllm.inputs import tokens_input
+    from vllm.logprobs import FlatLogprobs, Logprob, append_logprobs_for_next_position
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS, SamplingParams
+    from vllm.utils.diffusion import validate_diffusion_sampling_params
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.engine.input_processor import InputProcessor
+except Exception as exc:  # CI installs vllm: its absence is a failure, not a skip
+    raise ImportError(
+        "tests/unit/test_vllm_adapter.py needs vllm==0.33.x importable (`make setup-vllm`); "
+        f"importing it failed with {type(exc).__name__}: {exc}. "
+        "Set DGSTREAM_SKIP_VLLM=1 to skip these tests deliberately."
+    ) from exc
+
+pytestmark = [pytest.mark.vllm]
+
+VOCAB = 262_144  # google/diffusiongemma-26B-A4B-it, text_config.vocab_size
+SERVED_CANVAS = 64  # VllmSettings().canvas_length
+EOT = 106  # Gemma's <end_of_turn>
+PAD = 0
+
+
+class FakeTokenizer:
+    """One id per distinct piece, stable, inside the real vocabulary's range."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def id(self, piece: str) -> int:
+        if piece not in self._ids:
+            self._ids[piece] = 1_000 + 7 * len(self._ids)
+        return self._ids[piece]
+
+    def encode(self, text: str) -> list[int]:
+        return [self.id(p) for p in text.replace("\n", " \n ").split(" ") if p]
+
+
+TOK = FakeTokenizer()
+
+YES_NO = ("yes", "no")
+CHOICE_26 = tuple(chr(ord("A") + i) for i in range(26))
+SCORE_10 = (*"123456789", "A")  # levels past nine are letters
+
+
+def make_read(
+    questions: list[tuple[str, tuple[str, ...]]],
+    *,
+    width: int = SERVED_CANVAS,
+    seed: int = 0,
+    tag: str = "",
+) -> Read:
+    """Prompt + canvas `qid: <slot>` lines, end of turn, padding; slots hold noise ids."""
+    rng = np.random.default_rng(seed)
+    system = " ".join(f"{q} answer one of {' '.join(labels)}" for q, labels in questions)
+    prompt = [2, *TOK.encode(system), *TOK.encode("the state text to classify")]
+    canvas: list[int] = []
+    slots = []
+    for qid, labels in questions:
+        canvas.append(TOK.id(f"{qid}:"))
+        slots.append(
+            Slot(
+                question_id=qid,
+                position=len(canvas),
+                label_ids=tuple(TOK.id(label) for label in labels),
+                labels=labels,
+            )
+        )
+        canvas.append(int(rng.integers(0, VOCAB)))  # the noise
+        canvas.append(TOK.id("\n"))
+    canvas.append(EOT)
+    assert len(canvas) <= width
+    canvas += [PAD] * (width - len(canvas))
+    return Read(tuple(prompt), tuple(canvas), tuple(slots), shared_prefix_len=len(prompt), tag=tag)
+
+
+READS = {
+    "yes_no": make_read([("toxic", YES_NO)], seed=1),
+    "choice_26": make_read([("topic", CHOICE_26)], seed=2),
+    "score_10": make_read([("severity", SCORE_10)], seed=3),
+    "joint": make_read([("toxic", YES_NO), ("topic", CHOICE_26), ("severity", SCORE_10)], seed=4),
+    "narrow_48": make_read([("toxic", YES_NO)], width=48, seed=5),
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """vLLM's real ModelConfig and InputProcessor for a DiffusionGemma served as configured."""
+    model_dir = tmp_path_factory.mktemp("diffusiongemma")
+    config = {
+        "architectures": ["DiffusionGemmaForBlockDiffusion"],
+        "model_type": "diffusion_gemma",
+        "canvas_length": 256,  # the checkpoint's; the served one comes from diffusion_config
+        "torch_dtype": "bfloat16",
+        "text_config": {"model_type": "diffusion_gemma_text", "vocab_size": VOCAB},
+    }
+    (model_dir / "config.json").write_text(json.dumps(config))
+    settings = VllmSettings(model=str(model_dir), skip_tokenizer_init=True)
+    args = AsyncEngineArgs(**engine_args(settings))
+    model_config = args.create_model_config()
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        diffusion_config=args.create_diffusion_config(),
+        device_config=DeviceConfig(device="cpu"),
+    )
+    return SimpleNamespace(
+        settings=settings,
+        args=args,
+        model_config=model_config,
+        vllm_config=vllm_config,
+        processor=InputProcessor(vllm_config),
+    )
+
+
+def admit(served: SimpleNamespace, read: Read, params: SamplingParams) -> Any:
+    """What AsyncLLM.add_request runs before a request reaches the engine core."""
+    return served.processor.process_inputs(
+        read.tag or "r", tokens_input(list(read.prompt_ids)), params, ("generate",)
+    )
+
+
+# --- engine args -----------------------------------------------------------------------------
+
+
+def test_engine_args_build_real_async_engine_args() -> None:
+    args = AsyncEngineArgs(**engine_args(VllmSettings()))
+    assert args.model == "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4"
+    diffusion = args.create_diffusion_config()
+    assert diffusion is not None and diffusion.canvas_length == 64
+    assert args.max_model_len == 16_384
+    assert args.enable_prefix_caching is True
+    assert args.max_logprobs == MAX_LOGPROB_TOKEN_IDS == OUR_MAX_LOGPROB_TOKEN_IDS
+    assert args.quantization is None  # detected from the checkpoint (compressed-tensors)
+    assert args.tensor_parallel_size == 1
+    backend = AttentionConfig.validate_backend_before(args.attention_backend)
+    assert backend is AttentionBackendEnum.TRITON_ATTN
+
+
+def test_model_config_builds_offline(served: SimpleNamespace) -> None:
+    mc = served.model_config
+    assert mc.is_diffusion
+    assert mc.get_vocab_size() == VOCAB
+    assert mc.max_logprobs == MAX_LOGPROB_TOKEN_IDS
+    assert mc.max_model_len == 16_384
+    assert served.vllm_config.diffusion_config.canvas_length == SERVED_CANVAS
+    # Setting a diffusion config selects vLLM's diffusion scheduler.
+    assert "diffusion_scheduler" in served.vllm_config.scheduler_config.scheduler_cls
+
+
+# --- admission: the reads pass vLLM's own validation ------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_reads_pass_vllm_validation(served: SimpleNamespace, name: str) -> None:
+    read = READS[name]
+    width = len(read.canvas_ids)
+    assert width % 16 == 0 and width <= SERVED_CANVAS
+    assert all(0 <= t < VOCAB for t in read.canvas_ids)
+    params = build_sampling_params(read, served.settings)  # __post_init__ / _verify_args
+    assert params.logprob_token_ids == list(read.label_union)
+    assert params.extra_args == {
+        "diffusion_canvas_length": width,
+        "diffusion_seed_canvas": list(read.canvas_ids),
+        "diffusion_max_steps": 1,
+        "diffusion_read_only": True,
+        "diffusion_constrained": True,
+    }
+    params.verify(served.model_config, None, None, None)
+    validate_diffusion_sampling_params(params, canvas_length=SERVED_CANVAS, vocab_size=VOCAB)
+    request = admit(served, read, build_sampling_params(read, served.settings))
+    assert request.sampling_params.max_tokens == width
+    assert request.sampling_params.ignore_eos is True
+    assert request.sampling_params.stop_token_ids == []
+
+
+def test_label_unions_are_what_we_think() -> None:
+    assert len(READS["yes_no"].label_union) == 2
+    assert len(READS["choice_26"].label_union) == 26
+    assert len(READS["score_10"].label_union) == 10
+    assert len(READS["joint"].label_union) == 2 + 26 + 9  # "A" is in choice and score
+
+
+def test_seed_canvas_of_the_wrong_width_is_refused(served: SimpleNamespace) -> None:
+    read = READS["yes_no"]
+    params = build_sampling_params(read, served.settings)
+    assert params.extra_args is not None
+    params.extra_args["diffusion_seed_canvas"] = list(read.canvas_ids[:48])
+    with pytest.raises(VLLMValidationError, match="exactly 64 ids") as err:
+        validate_diffusion_sampling_params(params, canvas_length=SERVED_CANVAS, vocab_size=VOCAB)
+    assert err.value.parameter == "extra_args"
+    with pytest.raises(VLLMValidationError) as err:
+        admit(served, read, params)
+    assert err.value.parameter == "extra_args"
+
+
+def test_canvas_wider_than_served_is_refused(served: SimpleNamespace) -> None:
+    wide = make_read([("toxic", YES_NO)], width=80, seed=6)
+    with pytest.raises(VLLMValidationError, match="served canvas") as err:
+        admit(served, wide, build_sampling_params(wide, served.settings))
+    assert err.value.parameter == "extra_args"
+
+
+def test_noise_id_outside_the_vocabulary_is_refused(served: SimpleNamespace) -> None:
+    read = READS["yes_no"]
+    bad = Read(read.prompt_ids, (*read.canvas_ids[:-1], VOCAB), read.slots)
+    with pytest.raises(VLLMValidationError, match=r"\[0, 262144\)") as err:
+        admit(served, bad, build_sampling_params(bad, served.settings))
+    assert err.value.parameter == "extra_args"
+
+
+def test_label_union_over_128_is_refused(served: SimpleNamespace) -> None:
+    labels = tuple(f"L{i}" for i in range(MAX_LOGPROB_TOKEN_IDS + 1))
+    read = make_read([("wide", labels)], seed=7)
+    assert len(read.label_union) == 129
+    params = build_sampling_params(read, served.settings)
+    with pytest.raises(VLLMValidationError, match="max allowed: 128") as err:
+        params._validate_logprobs(served.model_config)
+    assert err.value.parameter == "logprob_token_ids"
+    with pytest.raises(VLLMValidationError):
+        admit(served, read, build_sampling_params(read, served.settings))
+
+
+def test_constrained_without_logprob_token_ids_is_refused(served: SimpleNamespace) -> None:
+    read = READS["yes_no"]
+    params = SamplingParams(
+        max_tokens=SERVED_CANVAS,
+        extra_args={
+            "diffusion_canvas_length": SERVED_CANVAS,
+            "diffusion_seed_canvas": list(read.canvas_ids),
+            "diffusion_max_steps": 1,
+            "diffusion_read_only": True,
+            "diffusion_constrained": True,
+        },
+    )
+    with pytest.raises(VLLMValidationError, match="needs logprob_token_ids") as err:
+        validate_diffusion_sampling_params(params, canvas_length=SERVED_CANVAS, vocab_size=VOCAB)
+    assert err.value.parameter == "extra_args"
+    with pytest.raises(VLLMValidationError):
+        admit(served, read, params)
+
+
+def test_remote_body_survives_vllms_completion_request(served: SimpleNamespace) -> None:
+    """The remote mode's JSON, through the server's own CompletionRequest -> SamplingParams."""
+    read = READS["joint"]
+    body = json.loads(json.dumps(build_completion_body(read, VllmRemoteSettings())))
+    request = CompletionRequest(**body)
+    assert request.vllm_xargs == build_xargs(read)
+    params = request.to_sampling_params(body["max_tokens"])
+    assert params.extra_args is not None
+    assert params.extra_args["diffusion_read_only"] == 1
+    assert params.extra_args["diffusion_constrained"] == 1
+    assert params.extra_args["diffusion_seed_canvas"] == list(read.canvas_ids)
+    assert params.logprob_token_ids == list(read.label_union)
+    assert params.logprobs is None  # the union is returned in full, not as a top-k
+    admit(served, read, params)
+    # A JSON boolean is narrowed to 1 by vllm_xargs' type; 0/1 is what we send anyway.
+    narrowed = CompletionRequest(**{**body, "vllm_xargs": {"diffusion_read_only": True}})
+    assert narrowed.vllm_xargs == {"diffusion_read_only": 1}
+
+
+# --- parse_output on vLLM's own output classes ------------------------------------------------
+
+
+def _request_output(read: Read, rows: dict[int, dict[int, float]], *, flat: bool) -> RequestOutput:
+    """A read-only output: one logprob row per canvas position, as the output processor
+    builds it (column 0 = the argmax token, then logprob_token_ids)."""
+    union = list(read.label_union)
+    width = len(read.canvas_ids)
+    container: Any = FlatLogprobs() if flat else []
+    token_ids = []
+    for pos in range(width):
+        row = rows.get(pos, {})
+        argmax = max(row, key=row.__getitem__) if row else read.canvas_ids[pos]
+        token_ids.append(argmax)
+        ids = [argmax, *union]
+        lps = [row.get(argmax, -0.01), *(row.get(t, -30.0) for t in union)]
+        append_logprobs_for_next_position(container, ids, lps, [None] * len(ids), 1, len(union))
+    out = CompletionOutput(
+        index=0,
+        text="",
+        token_ids=token_ids,
+        cumulative_logprob=None,
+        logprobs=container,
+        finish_reason="length",
+    )
+    return RequestOutput("r", None, list(read.prompt_ids), None, [out], finished=True)
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_parse_output_full_vocab(flat: bool) -> None:
+    read = READS["joint"]
+    toxic, topic, severity = read.slots
+    yes, no = toxic.label_ids
+    rows = {
+        # 'yes' -0.5, 'no' -1.5; argmax is 'yes' (a label)
+        toxic.position: {no: -1.5, yes: -0.5},
+        # topic: C most likely, but the argmax is a non-label id carrying 0.6
+        topic.position: {
+            **{t: -9.0 for t in topic.label_ids},
+            topic.label_ids[2]: -1.2,
+            77_777: float(np.log(0.6)),
+        },
+        severity.position: {t: -3.0 - i for i, t in enumerate(severity.label_ids)},
+    }
+    result = parse_output(read, _request_output(read, rows, flat=flat), constrained=False)
+    assert [s.question_id for s in result.slots] == ["toxic", "topic", "severity"]
+    for s in result.slots:
+        assert s.probs.sum() == pytest.approx(1.0)
+    t = result.slots[0]
+    assert t.probs == pytest.approx([1 / (1 + np.exp(-1.0)), np.exp(-1.0) / (1 + np.exp(-1.0))])
+    assert t.label_mass == pytest.approx(np.exp(-0.5) + np.exp(-1.5))
+    assert t.argmax_is_label is True
+    assert t.entropy == pytest.approx(-(t.probs * np.log(t.probs)).sum())
+    c = result.slots[1]
+    assert int(np.argmax(c.probs)) == 2
+    assert c.label_mass == pytest.approx(np.exp(-1.2) + 25 * np.exp(-9.0))
+    assert c.argmax_is_label is False
+    sv = result.slots[2]
+    assert list(np.argsort(-sv.probs)) == list(range(10))  # label order kept
+    assert sv.probs[0] / sv.probs[1] == pytest.approx(np.e)
+
+
+def test_parse_output_constrained() -> None:
+    read = READS["choice_26"]
+    (slot,) = read.slots
+    # Renormalized over the allowed set: log-softmax over the 26 labels.
+    logits = np.linspace(2.0, -3.0, 26)
+    lps = logits - np.log(np.exp(logits).sum())
+    rows = {slot.position: dict(zip(slot.label_ids, lps.tolist(), strict=True))}
+    result = parse_output(read, _request_output(read, rows, flat=True), constrained=True)
+    (s,) = result.slots
+    assert s.probs == pytest.approx(np.exp(lps))
+    assert s.probs.sum() == pytest.approx(1.0)
+    assert s.label_mass is None and s.argmax_is_label is None
+
+
+def test_parse_output_missing_label_is_an_engine_error() -> None:
+    read = READS["yes_no"]
+    (slot,) = read.slots
+    out = _request_output(read, {}, flat=False)
+    rows = out.outputs[0].logprobs
+    assert isinstance(rows, list)
+    rows[slot.position] = {slot.label_ids[0]: Logprob(-0.1)}
+    with pytest.raises(RecoverableEngineError, match="no logprob for label"):
+        parse_output(read, out)
+
+
+# --- VllmEngine: real admission, real error types, a stand-in for the GPU ---------------------
+
+
+class _AdmittingEngine:
+    """Stands in for AsyncLLM: runs vLLM's real admission, then answers uniformly."""
+
+    def __init__(self, served: SimpleNamespace, reads: list[Read], dead: bool = False) -> None:
+        self.served, self.reads, self.dead, self.errored = served, reads, dead, False
+
+    async def generate(self, prompt: Any, params: SamplingParams, request_id: str) -> Any:
+        if self.dead:
+            raise EngineDeadError()
+        read = next(
+            r
+            for r in self.reads
+            if list(r.prompt_ids) == prompt["prompt_token_ids"]
+            and list(r.canvas_ids) == (params.extra_args or {}).get("diffusion_seed_canvas")
+        )
+        admit(self.served, read, params)
+        rows = {s.position: {t: -1.0 for t in s.label_ids} for s in read.slots}
+        await asyncio.sleep(0)
+        yield _request_output(read, rows, flat=True)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _engine_with(stand_in: _AdmittingEngine, settings: VllmSettings) -> VllmEngine:
+    engine = VllmEngine(settings)
+    engine._engine = stand_in  # skip building AsyncLLM: no GPU here
+    return engine
+
+
+def test_vllm_engine_reads_and_rejects_per_read(served: SimpleNamespace) -> None:
+    good = [READS["yes_no"], READS["joint"]]
+    engine = _engine_with(_AdmittingEngine(served, good), served.settings)
+    assert isinstance(engine, Engine)
+    results = asyncio.run(engine.read(good))
+    assert [len(r.slots) for r in results] == [1, 3]
+    assert results[1].slots[1].probs == pytest.approx(np.full(26, 1 / 26))
+    assert "engine_s" in results[0].timings
+
+    wide = make_read([("toxic", YES_NO)], width=80, seed=8)
+    batch = [READS["yes_no"], wide, READS["score_10"]]
+    engine = _engine_with(_AdmittingEngine(served, batch), served.settings)
+    with pytest.raises(ReadRejected) as err:
+        asyncio.run(engine.read(batch))
+    assert err.value.index == 1 and set(err.value.rejected) == {1}
+    assert "extra_args" in err.value.reason
+    assert err.value.results[0] is not None and err.value.results[1] is None
+    assert err.value.results[2] is not None
+    assert isinstance(err.value, RecoverableEngineError)
+
+
+def test_vllm_engine_dead_is_fatal(served: SimpleNamespace) -> None:
+    engine = _engine_with(_AdmittingEngine(served, [], dead=True), served.settings)
+    with pytest.raises(FatalEngineError):
+        asyncio.run(engine.read([READS["yes_no"]]))
+
+
+# --- VllmRemoteEngine against a stdlib HTTP server on 127.0.0.1 -------------------------------
+
+
+class _FakeServe(BaseHTTPRequestHandler):
+    requests: ClassVar[list[tuple[dict[str, str], dict[str, Any]]]] = []
+    status = 200
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((dict(self.headers), body))
+        if self.status != 200:
+            payload: dict[str, Any] = {
+                "error": {
+                    "message": "diffusion_seed_canvas must hold exactly 64 ids, got 48.",
+                    "type": "BadRequestError",
+                    "param": "extra_args",
+                    "code": self.status,
+                }
+            }
+        else:
+            union = body["logprob_token_ids"]
+            top = []
+            tokens = []
+            for pos in range(body["max_tokens"]):
+                argmax = union[pos % len(union)]
+                tokens.append(f"token_id:{argmax}")
+                row = {f"token_id:{argmax}": -0.1}
+                row.update({f"token_id:{t}": -1.0 - 0.5 * i for i, t in enumerate(union)})
+                top.append(row)
+            payload = {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "finish_reason": "length",
+                        "logprobs": {
+                            "tokens": tokens,
+                            "token_logprobs": [-0.1] * len(top),
+                            "text_offset": [0] * len(top),
+                            "top_logprobs": top,
+                        },
+                    }
+                ],
+            }
+        raw = json.dumps(payload).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_serve() -> Iterator[tuple[str, type[_FakeServe]]]:
+    handler = type("Handler", (_FakeServe,), {"requests": [], "status": 200})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_remote_engine_reads(
+    fake_serve: tuple[str, type[_FakeServe]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, handler = fake_serve
+    monkeypatch.setenv("DGSTREAM_TEST_VLLM_KEY", "sekrit")
+    settings = VllmRemoteSettings(
+        base_url=url, api_key_env="DGSTREAM_TEST_VLLM_KEY", diffusion_constrained=False
+    )
+    read = READS["yes_no"]
+    engine = VllmRemoteEngine(settings)
+    assert isinstance(engine, Engine)
+    (result,) = asyncio.run(engine.read([read]))
+    headers, body = handler.requests[0]
+    assert headers["Authorization"] == "Bearer sekrit"
+    assert "sekrit" not in repr(settings)
+    assert body["vllm_xargs"] == build_xargs(read, constrained=False)
+    assert body["prompt"] == list(read.prompt_ids)
+    assert body["return_tokens_as_token_ids"] is True
+    (slot,) = result.slots
+    # union is sorted; yes/no ids map to -1.0 / -1.5 in union order
+    union = list(read.label_union)
+    lp = {t: -1.0 - 0.5 * i for i, t in enumerate(union)}
+    expected = np.exp([lp[t] for t in read.slots[0].label_ids])
+    assert slot.probs == pytest.approx(expected / expected.sum())
+    assert slot.label_mass == pytest.approx(expected.sum())
+    assert slot.argmax_is_label is True  # the fake server's argmax is a union (= label) id
+
+
+def test_remote_engine_maps_http_errors(fake_serve: tuple[str, type[_FakeServe]]) -> None:
+    url, handler = fake_serve
+    engine = VllmRemoteEngine(VllmRemoteSettings(base_url=url))
+    handler.status = 400
+    with pytest.raises(ReadRejected) as err:
+        asyncio.run(engine.read([READS["yes_no"]]))
+    assert err.value.index == 0 and "exactly 64 ids" in err.value.reason
+    handler.status = 401
+    with pytest.raises(FatalEngineError):
+        asyncio.run(engine.read([READS["yes_no"]]))
+    handler.status = 503
+    with pytest.raises(RecoverableEngineError) as retry:
+        asyncio.run(engine.read([READS["yes_no"]]))
+    assert not isinstance(retry.value, ReadRejected)
+
+
+def test_module_imports_without_vllm_names() -> None:
+    """The backend module imports vllm only inside functions (actors without it load it)."""
+    source = Path(__file__).parents[2] / "workers" / "engine" / "vllm_backend.py"
+    top_level = [
+        line
+        for line in source.read_text().splitlines()
+        if line.startswith(("import vllm", "from vllm"))
+    ]
+    assert top_level == []
