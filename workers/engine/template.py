@@ -19,12 +19,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from schemas import ErrorCode, RequestError, RequestRejected
 from workers.engine.types import Read, Slot
+
+if TYPE_CHECKING:
+    from schemas import RequestRejected
+# `schemas` (pydantic) is imported where an error is raised, so that training and GPU
+# benchmark scripts can build reads on machines without pydantic.
 
 # Canvas widths are multiples of 16 (the rule; it also keeps batch shapes few).
 CANVAS_QUANTUM = 16
@@ -164,8 +168,10 @@ class Layout:
     width: int  # canvas width: template + end-of-turn, rounded up to 16
 
 
-def _reject(code: ErrorCode, message: str, field: str) -> RequestRejected:
-    return RequestRejected(RequestError(code=code, message=message, field=field))
+def _reject(code: str, message: str, field: str) -> RequestRejected:
+    from schemas import ErrorCode, RequestError, RequestRejected
+
+    return RequestRejected(RequestError(code=ErrorCode(code), message=message, field=field))
 
 
 def _label_token_count(encode: Encoder, qid: str, label: str) -> int:
@@ -203,7 +209,7 @@ def resolve_layout(
                 if _label_token_count(encode, qid, labels[0]) != 1:
                     culprit = labels[0]
                 raise _reject(
-                    ErrorCode.LABEL_NOT_SINGLE_TOKEN,
+                    "LABEL_NOT_SINGLE_TOKEN",
                     f"{field}: label {culprit!r} is not one token in the answer template "
                     f"(every label of a question must be ONE token at the same position)",
                     field,
@@ -211,13 +217,13 @@ def resolve_layout(
             diff = [i for i, (a, b) in enumerate(zip(base, toks, strict=True)) if a != b]
             if not diff:
                 raise _reject(
-                    ErrorCode.DUPLICATE_LABEL_TOKEN,
+                    "DUPLICATE_LABEL_TOKEN",
                     f"{field}: label {label!r} has the same token id as label {labels[0]!r}",
                     field,
                 )
             if len(diff) != 1 or (position is not None and diff[0] != position):
                 raise _reject(
-                    ErrorCode.LABEL_POSITION_MISMATCH,
+                    "LABEL_POSITION_MISMATCH",
                     f"{field}: label {label!r} lands at template position(s) {diff}, "
                     f"not at the one slot {position if position is not None else '?'} "
                     f"the other labels use",
@@ -226,12 +232,12 @@ def resolve_layout(
             position = diff[0]
             ids.append(toks[position])
         if position is None:  # a single label cannot happen (the schema needs two)
-            raise _reject(ErrorCode.INVALID_VALUE, f"{field}: needs two labels", field)
+            raise _reject("INVALID_VALUE", f"{field}: needs two labels", field)
         ids[0] = base[position]
         if len(set(ids)) != len(ids):
             dup = next(lab for lab, t in zip(labels, ids, strict=True) if ids.count(t) > 1)
             raise _reject(
-                ErrorCode.DUPLICATE_LABEL_TOKEN,
+                "DUPLICATE_LABEL_TOKEN",
                 f"{field}: label {dup!r} has the same token id as another label",
                 field,
             )
@@ -240,7 +246,7 @@ def resolve_layout(
     if width > max_width:
         field = f"questions.{qids[0]}" if len(qids) == 1 else "questions"
         raise _reject(
-            ErrorCode.TEMPLATE_TOO_LONG,
+            "TEMPLATE_TOO_LONG",
             f"{field}: the answer template needs {len(base) + 1} canvas positions, "
             f"more than the served canvas of {max_width}",
             field,
@@ -290,8 +296,8 @@ class LayoutCache:
             try:
                 self.get([*current, q])
                 current.append(q)
-            except RequestRejected as exc:
-                if exc.error.code != ErrorCode.TEMPLATE_TOO_LONG:
+            except Exception as exc:
+                if getattr(getattr(exc, "error", None), "code", None) != "TEMPLATE_TOO_LONG":
                     raise
                 out.append(self.get(current))
                 current = [q]
