@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Re-run the install only when the dependency list changes.
 STAMP := $(VENV)/.setup-stamp
 VLLM_STAMP := $(VENV)/.setup-vllm-stamp
-EVENTS ?=
+EVENTS ?= 24
 
 .PHONY: setup setup-vllm kafka-jars test test-fast lint format demo bench clean
 
@@ -46,7 +46,7 @@ test-fast: setup lint
 	$(BIN)/python -m pytest -m "not vllm"
 
 demo: setup
-	$(BIN)/dgstream demo $(if $(EVENTS),--events $(EVENTS),)
+	$(BIN)/dgstream demo --events $(EVENTS)
 
 bench: setup
 	$(BIN)/dgstream bench
