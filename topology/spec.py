@@ -1,0 +1,201 @@
+"""The topology file: a YAML document validated by pydantic.
+
+Every error names the path of the bad field (`pipelines[0].replicas.max`). Secrets never
+live in the file: the Kafka section names environment variables (`sasl_password_env`,
+`ssl_password_env`) and `kafka_connection()` reads them when the deployment starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from schemas import Question
+from workers.engine.factory import EngineSettings
+from workers.kafka_settings import KafkaConnection
+
+_TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
+_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSpec(_Frozen):
+    bootstrap_servers: list[str] = Field(min_length=1)
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password_env: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password_env: str | None = None
+    client_id: str = "dgstream"
+
+    def connection(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
+        env = os.environ if environ is None else environ
+        data = self.model_dump(exclude={"ssl_password_env", "sasl_password_env"})
+        for field, var in (
+            ("ssl_password", self.ssl_password_env),
+            ("sasl_password", self.sasl_password_env),
+        ):
+            if var is not None:
+                if var not in env:
+                    raise SpecError(f"kafka.{field}_env: environment variable {var} is not set")
+                data[field] = env[var]
+        return KafkaConnection(**data)
+
+
+class TopicSpec(_Frozen):
+    # Partitions bound the replicas (one consumer per partition at most); 8 lets a pool
+    # grow to 8 GPUs, the largest single host lent here.
+    partitions: int = Field(default=8, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+
+
+class BatchingSpec(_Frozen):
+    # 64 requests of 3 questions fill a 256-read forward on the H200 (docs/benchmarks.md:
+    # throughput flattens from batch 128 to 256).
+    max_records: int = Field(default=64, ge=1, le=10_000)
+    # A micro-batch waits at most this long to fill: latency vs batching.
+    max_wait_ms: int = Field(default=50, ge=0, le=60_000)
+    # Batches between poll and commit: 2 keeps the engine busy while the next one is parsed.
+    max_in_flight: int = Field(default=2, ge=1, le=64)
+
+
+class ResourcesSpec(_Frozen):
+    gpus: float = Field(default=1, ge=0)
+    cpus: float = Field(default=1, ge=0)
+    custom: dict[str, float] = Field(default_factory=dict)
+
+
+class ReplicasSpec(_Frozen):
+    min: int = Field(default=1, ge=0)
+    max: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> ReplicasSpec:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class AutoscaleSpec(_Frozen):
+    # KEDA's Kafka scaler defaults: lagThreshold 10, activationLagThreshold 0
+    # (keda.sh/docs/scalers/apache-kafka); ours is per GPU worker, which answers hundreds
+    # of reads a second, hence a larger default target.
+    target_lag_per_replica: int = Field(default=1000, ge=1)
+    activation_lag: int = Field(default=0, ge=0)
+    # The HPA's defaults: scale out at once, scale in after 300 s of calm.
+    scale_out_stabilization_s: float = Field(default=0, ge=0)
+    scale_in_stabilization_s: float = Field(default=300, ge=0)
+    # KEDA's default pollingInterval is 30 s; lag moves faster than that under a spike.
+    poll_interval_s: float = Field(default=5, gt=0)
+
+
+class PipelineSpec(_Frozen):
+    name: str = Field(pattern=_NAME)
+    input_topics: list[str] = Field(min_length=1)
+    output_topic: str = Field(pattern=_TOPIC)
+    dead_letter_topic: str = Field(pattern=_TOPIC)
+    consumer_group: str = Field(min_length=1, max_length=249)
+    topics: TopicSpec = Field(default_factory=TopicSpec)
+    question_sets: list[str] = Field(default_factory=list)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
+    delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    static_membership: bool = False
+
+    @model_validator(mode="after")
+    def _topics(self) -> PipelineSpec:
+        import re
+
+        for t in self.input_topics:
+            if not re.match(_TOPIC, t):
+                raise ValueError(f"input topic {t!r} is not a valid Kafka topic name")
+        if self.output_topic in self.input_topics or self.dead_letter_topic in self.input_topics:
+            raise ValueError("output and dead-letter topics must differ from the input topics")
+        return self
+
+
+class Topology(_Frozen):
+    kafka: KafkaSpec
+    question_sets: dict[str, dict[str, Question]] = Field(default_factory=dict)
+    pipelines: list[PipelineSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> Topology:
+        names = [p.name for p in self.pipelines]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"pipeline names must be unique: {sorted(dup)}")
+        for i, p in enumerate(self.pipelines):
+            for qs in p.question_sets:
+                if qs not in self.question_sets:
+                    raise ValueError(
+                        f"pipelines[{i}].question_sets: unknown question set {qs!r} "
+                        f"(defined: {sorted(self.question_sets)})"
+                    )
+        from schemas import RequestRejected, question_order
+
+        for name, questions in self.question_sets.items():
+            try:
+                question_order(questions)
+            except RequestRejected as exc:
+                raise ValueError(f"question_sets.{name}: {exc.error.message}") from exc
+        return self
+
+    def pipeline(self, name: str) -> PipelineSpec:
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def question_sets_for(self, pipeline: PipelineSpec) -> dict[str, dict[str, Question]]:
+        return {n: self.question_sets[n] for n in pipeline.question_sets}
+
+
+class SpecError(ValueError):
+    """A topology file that cannot be used; the message names the bad field's path."""
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def parse_topology(data: Any, source: str = "topology") -> Topology:
+    try:
+        return Topology.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            # Discriminated unions add the tag to the path; it is not a field.
+            loc = tuple(p for p in err["loc"] if p not in ("noul", "yes_no", "choice", "score"))
+            lines.append(f"{_path(loc)}: {err['msg']}")
+        raise SpecError(f"{source}: " + "; ".join(lines)) from None
+
+
+def load_topology(path: str | Path) -> Topology:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    return parse_topology(data, str(p))
