@@ -20,12 +20,15 @@ $(STAMP): pyproject.toml
 # vLLM 0.33 (its request validation is checked in the tests; several GB of wheels).
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): $(STAMP)
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,vllm]'
-	@touch $@
+	@touch $@ $(STAMP)
 
 # Apache Kafka's jars from Maven Central into .cache/ (outside git); a no-op when present.
-kafka-jars: $(STAMP)
+kafka-jars:
+	@test -x $(BIN)/python || $(MAKE) --no-print-directory setup
 	$(BIN)/python -m infra.kafka.broker fetch
 
 lint: $(STAMP)
@@ -38,7 +41,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 # The whole suite: lint, types, unit, the real broker, real Ray, vLLM's own validation.
-test: setup setup-vllm lint
+test: setup-vllm kafka-jars lint
 	$(BIN)/python -m pytest
 
 # Without the vLLM install (quicker inner loop).
