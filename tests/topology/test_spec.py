@@ -72,3 +72,9 @@ def test_secrets_come_from_the_environment() -> None:
     assert conn.sasl_password.get_secret_value() == "s3cret-value"
     assert "s3cret-value" not in repr(conn) and "s3cret-value" not in repr(topo)
     assert "s3cret-value" not in (EXAMPLES / "moderation.yaml").read_text()
+
+
+def test_configuration_page_is_up_to_date() -> None:
+    from topology.docs import main
+
+    assert main(["--check"]) == 0, "run: python -m topology.docs"

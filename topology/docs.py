@@ -1,0 +1,130 @@
+"""Writes docs/configuration.md from the topology models, so the page lists every field with
+its type, default and meaning, and cannot drift (a test compares it with the models).
+
+    python -m topology.docs          # rewrite docs/configuration.md
+    python -m topology.docs --check  # exit 1 when it differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+
+INTRO = """# Configuration: the topology file
+
+A deployment is described by one YAML file (`dgstream run TOPOLOGY`). Examples:
+`topology/examples/moderation.yaml` (one GPU pipeline on vLLM) and
+`topology/examples/two-pipelines.yaml` (two CPU pipelines on a local broker).
+Errors name the path of the bad field, e.g. `pipelines[0].replicas: min (3) must not
+exceed max (2)`. Secrets never go in the file: name an environment variable instead
+(`sasl_password_env`, `ssl_password_env`).
+
+This page is generated from the models (`python -m topology.docs`); a test fails when it is
+out of date.
+"""
+
+
+def _type(annotation: Any) -> str:
+    import re
+
+    if isinstance(annotation, type) and not getattr(annotation, "__args__", None):
+        return annotation.__name__
+    text = str(annotation)
+    if "discriminator='type'" in text:
+        text = re.sub(r"Annotated\[[^\]]*?discriminator='type'\)\]", "Question", text)
+    text = re.sub(r"\b[a-z_]+\.([A-Za-z_]+)", r"\1", text)
+    return text.replace("NoneType", "None").replace("|", "\\|")
+
+
+def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+        if isinstance(value, BaseModel):
+            return "(see below)"
+        return f"`{value!r}`"
+    return f"`{info.default!r}`"
+
+
+def _doc_of(model: type[BaseModel], name: str) -> str:
+    """The comment above the field in the source, when there is one."""
+    import inspect
+
+    try:
+        lines = inspect.getsource(model).splitlines()
+    except OSError:
+        return ""
+    for i, line in enumerate(lines):
+        if line.strip().startswith(f"{name}:"):
+            notes = []
+            j = i - 1
+            while j >= 0 and lines[j].strip().startswith("#"):
+                notes.insert(0, lines[j].strip().lstrip("# "))
+                j -= 1
+            tail = line.split("#", 1)[1].strip() if "#" in line and "=" in line else ""
+            return " ".join([*notes, tail]).strip()
+    return ""
+
+
+def _section(title: str, model: type[BaseModel], seen: set[str]) -> list[str]:
+    out = [f"## `{title}`", ""]
+    if model.__doc__:
+        out += [" ".join(model.__doc__.split()), ""]
+    out += ["| field | type | default | notes |", "|---|---|---|---|"]
+    nested: list[tuple[str, type[BaseModel]]] = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        out.append(f"| `{name}` | `{_type(ann)}` | {_default(info)} | {_doc_of(model, name)} |")
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and ann.__name__ not in seen:
+            nested.append((f"{title}.{name}", ann))
+    out.append("")
+    for sub_title, sub in nested:
+        seen.add(sub.__name__)
+        out += _section(sub_title, sub, seen)
+    return out
+
+
+def render() -> str:
+    from topology.spec import KafkaSpec, PipelineSpec, Topology
+
+    lines = [INTRO]
+    seen = {"Topology", "KafkaSpec", "PipelineSpec"}
+    lines += _section("(top level)", Topology, seen)
+    lines += _section("kafka", KafkaSpec, seen)
+    lines += _section("pipelines[]", PipelineSpec, seen)
+    lines += [
+        "## `question_sets`",
+        "",
+        "A map of name -> questions, in the shape of a request's `questions` (see",
+        "`schemas/json/request.schema.json`). Pipelines list the names they answer; a request",
+        "names one with `question_set`.",
+        "",
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        if not DOC.exists() or DOC.read_text() != text:
+            print(f"{DOC} is out of date: run python -m topology.docs", file=sys.stderr)
+            return 1
+        return 0
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
