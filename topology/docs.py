@@ -64,7 +64,7 @@ def _doc_of(model: type[BaseModel], name: str) -> str:
         return ""
     for i, line in enumerate(lines):
         if line.strip().startswith(f"{name}:"):
-            notes = []
+            notes: list[str] = []
             j = i - 1
             while j >= 0 and lines[j].strip().startswith("#"):
                 notes.insert(0, lines[j].strip().lstrip("# "))
