@@ -49,6 +49,76 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    import ray
+
+    from topology.controller import start_controller
+    from topology.spec import SpecError, load_topology
+
+    try:
+        topo = load_topology(args.topology)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    address = args.address or topo.ray.address
+    topo.ray.model_copy(update={"address": address}).init()
+    from pathlib import Path
+
+    import yaml
+
+    raw = yaml.safe_load(Path(args.topology).read_text())
+    ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace)
+    print(f"controller {topo.ray.deployment} started in namespace {topo.ray.namespace}")
+    if args.detach:
+        return 0
+    try:
+        while True:
+            st = ray.get(ctl.status.remote(), timeout=60)
+            line = {
+                n: (p["replicas"], p["lag"], p["throughput_per_s"])
+                for n, p in st["pipelines"].items()
+            }
+            print(json.dumps(line), flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        print("stopping: draining workers ...", file=sys.stderr)
+        ray.get(ctl.shutdown.remote(True), timeout=300)
+        ray.kill(ctl, no_restart=True)
+        return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    import ray
+
+    from topology.controller import DEFAULT_NAMESPACE, get_controller
+
+    ray.init(
+        address=args.address or "auto",
+        namespace=args.namespace or DEFAULT_NAMESPACE,
+        log_to_driver=False,
+    )
+    try:
+        ctl = get_controller(args.deployment, args.namespace or DEFAULT_NAMESPACE)
+    except ValueError:
+        print(f"no controller named {args.deployment!r} is running", file=sys.stderr)
+        return 3
+    st = ray.get(ctl.status.remote(), timeout=60)
+    if args.json:
+        print(json.dumps(st, indent=2, default=str))
+        return 0
+    print(f"{'pipeline':16s} {'replicas':>8s} {'lag':>10s} {'req/s':>8s}  last decision")
+    for name, p in st["pipelines"].items():
+        last = p["decisions"][-1]["reason"] if p["decisions"] else ""
+        lag = "?" if p["lag"] is None else str(p["lag"])
+        print(f"{name:16s} {p['replicas']:>8d} {lag:>10s} {p['throughput_per_s']:>8.1f}  {last}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dgstream",
@@ -76,6 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_ask.add_argument("--model", default="tiny-random")
     p_ask.add_argument("--device", default="auto")
     p_ask.set_defaults(func=_cmd_ask)
+
+    p_run = sub.add_parser("run", help="run a topology on an existing Kafka and Ray cluster")
+    p_run.add_argument("topology", help="the topology YAML file")
+    p_run.add_argument("--address", default=None, help="Ray address (default: the file's)")
+    p_run.add_argument("--detach", action="store_true", help="start the controller and exit")
+    p_run.add_argument("--interval", type=float, default=5.0, help="status line period, s")
+    p_run.set_defaults(func=_cmd_run)
+
+    p_status = sub.add_parser("status", help="pipelines, replicas, lag, throughput")
+    p_status.add_argument("--json", action="store_true")
+    p_status.add_argument("--address", default=None)
+    p_status.add_argument("--namespace", default=None)
+    p_status.add_argument("--deployment", default="default")
+    p_status.set_defaults(func=_cmd_status)
     return parser
 
 

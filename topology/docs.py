@@ -93,12 +93,13 @@ def _section(title: str, model: type[BaseModel], seen: set[str]) -> list[str]:
 
 
 def render() -> str:
-    from topology.spec import KafkaSpec, PipelineSpec, Topology
+    from topology.spec import KafkaSpec, PipelineSpec, RaySpec, Topology
 
     lines = [INTRO]
-    seen = {"Topology", "KafkaSpec", "PipelineSpec"}
+    seen = {"Topology", "KafkaSpec", "PipelineSpec", "RaySpec"}
     lines += _section("(top level)", Topology, seen)
     lines += _section("kafka", KafkaSpec, seen)
+    lines += _section("ray", RaySpec, seen)
     lines += _section("pipelines[]", PipelineSpec, seen)
     lines += [
         "## `question_sets`",

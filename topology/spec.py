@@ -129,8 +129,33 @@ class PipelineSpec(_Frozen):
         return self
 
 
+class RaySpec(_Frozen):
+    """Where the deployment runs. Ray's token authentication (RAY_AUTH_MODE=token) is on
+    when `auth_token_env` names the variable that holds the cluster's token."""
+
+    # None: RAY_ADDRESS, else a cluster on this machine (`ray start --head`), else a new one.
+    address: str | None = None
+    namespace: str = "dgstream"
+    # The deployment's name: the controller is the detached actor "dgstream-controller-<name>".
+    deployment: str = Field(default="default", pattern=_NAME)
+    auth_token_env: str | None = None
+
+    def init(self, environ: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        """`ray.init` with this spec (token auth from the environment, never logged)."""
+        import ray
+
+        env = os.environ if environ is None else environ
+        if self.auth_token_env is not None:
+            if self.auth_token_env not in env:
+                raise SpecError(f"ray.auth_token_env: {self.auth_token_env} is not set")
+            os.environ["RAY_AUTH_MODE"] = "token"
+            os.environ["RAY_AUTH_TOKEN"] = env[self.auth_token_env]
+        ray.init(address=self.address, namespace=self.namespace, **kwargs)
+
+
 class Topology(_Frozen):
     kafka: KafkaSpec
+    ray: RaySpec = Field(default_factory=RaySpec)
     question_sets: dict[str, dict[str, Question]] = Field(default_factory=dict)
     pipelines: list[PipelineSpec] = Field(min_length=1)
 
