@@ -56,7 +56,28 @@ TINY_RANDOM = TinySpec(
     moe_intermediate_size=32,
 )
 
-SPECS = {TINY_RANDOM.name: TINY_RANDOM}
+# --- demo model (issue #4): trained on the demo task family (workers/demo_tasks.py) by
+# bench/train_demo_model.py; its weights (fp16, ~7.3 MB, ~3.6 M parameters) and the tokenizer
+# it was trained with are committed in workers/engine/weights/demo/ (see TRAINED_DIRS).
+DEMO = TinySpec(
+    name="demo",
+    hidden_size=256,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=192,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=48,
+    seed=20261201,
+)
+
+SPECS = {TINY_RANDOM.name: TINY_RANDOM, DEMO.name: DEMO}
+
+# Built-in models whose weights are trained and committed (package data): never built here.
+TRAINED_DIRS = {DEMO.name: Path(__file__).resolve().parent / "weights" / "demo"}
+# --- end demo model
 
 
 def cache_root() -> Path:
@@ -164,6 +185,16 @@ def ensure_tiny_model(name: str = TINY_RANDOM.name, root: Path | None = None) ->
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    # --- demo model: trained weights ship with the package; nothing to build.
+    if name in TRAINED_DIRS:
+        trained = TRAINED_DIRS[name]
+        if not (trained / "model.safetensors").exists():
+            raise FileNotFoundError(
+                f"the {name!r} model's weights are missing from {trained}: train them with "
+                f"`python -m bench.train_demo_model --out {trained}`"
+            )
+        return trained
+    # --- end demo model
     spec = SPECS[name]
     directory = (root or cache_root()) / "models" / f"{name}-{_fingerprint(spec)}"
     marker = directory / ".complete"

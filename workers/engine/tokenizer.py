@@ -53,6 +53,23 @@ G H I J K L M N O P Q R S T U V W X Y Z true false answer every on its own line 
 only with write model system known earlier answers asked
 """.split()
 
+# --- demo task family (workers/demo_tasks.py): the words its states and questions use that
+# the list above lacks (English filler, topic keywords, insults, four other languages,
+# wordings). Changing this list changes the tokenizer: the demo model is trained on it.
+_WORDS += """
+address again allora amigo anche auch avec back ball bangs bene bien big bin bitte blog bread
+bueno buongiorno by calm capital caps cheese chocolate city cloudy coach con concert contain
+day deals della dinner drums es est estoy excited excitement excl exclamations football
+forecast friend from going got guitar gut heute higher home hoy ich include info insults
+internet ist jerk know lang laptop law league letters like links list listed locale look lots
+lunch madame main make marks maybe melody minister mit molto morning moron mostly muy need new
+news nicht night nous num of offensive oggi old over para parliament party pathetic people
+pero piano policy pour prego president questo radio recipe right robot rude said salad see
+sehr sempre senate shout singer someone sono soup stadium storm subject suis sure talk tell
+temperature tennis than theme there think time to tomorrow toujours tres tutto url use vous
+want web week wind wir word words written yesterday
+""".split()
+
 _PUNCT = [".", ",", "!", "?", ":", ";", "-", "'", '"', "(", ")", "/", "\n", "!!", "!!!"]
 
 
