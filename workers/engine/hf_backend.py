@@ -144,6 +144,15 @@ class TransformersEngine:
         for p in prompts:
             n = first_read[p].shared_prefix_len if self.reuse_prefix else 0
             by_prefix[p[:n]].append(p)
+        # A prefix seen once in this batch and not cached saves nothing: encoding it alone
+        # would cost an extra pass. Such prompts are encoded whole, batched together.
+        lone = [
+            pre
+            for pre, group in by_prefix.items()
+            if pre and len(group) == 1 and pre not in self._prefix_cache
+        ]
+        for pre in lone:
+            by_prefix[()].extend(by_prefix.pop(pre))
         encoded: dict[tuple[int, ...], tuple[Any, int, Any, int]] = {}
         for prefix, group in by_prefix.items():
             for sub in self._exact_groups(prefix, group, reads):

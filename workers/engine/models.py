@@ -173,8 +173,16 @@ def _fingerprint(spec: TinySpec) -> str:
     import tokenizers
     import transformers
 
+    from workers.engine import tokenizer
+
     blob = json.dumps(
-        {"spec": asdict(spec), "tf": transformers.__version__, "tk": tokenizers.__version__},
+        {
+            "spec": asdict(spec),
+            "tf": transformers.__version__,
+            "tk": tokenizers.__version__,
+            # The tokenizer is trained on a corpus from these lists: new words, new merges.
+            "corpus": [tokenizer._WORDS, tokenizer.VOCAB_SIZE, tokenizer.SPECIAL_TOKENS],
+        },
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
