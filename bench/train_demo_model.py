@@ -1,0 +1,584 @@
+"""Train the demo DiffusionGemma (`SPECS["demo"]`) on the demo task family with the
+single-step-read objective.
+
+Every training example is a read built exactly as the engine builds it
+(`workers.engine.template`: the tiny tokenizer's `ChatFormat`, `LayoutCache.chunks`,
+`system_text`, `user_text`, `make_read` with a fresh noise seed per read): the prompt is
+encoded, the canvas (answer template, end-of-turn, padding, uniform random ids at the slots)
+goes through ONE decoder pass, and the loss is the cross-entropy over the FULL vocabulary at
+each slot toward the true label's token id. The forward is the model's own
+(`model(input_ids, attention_mask, position_ids, decoder_input_ids, decoder_attention_mask,
+decoder_position_ids)`): prompts right-padded with masked pads, canvases of a narrower width
+padded with masked positions, positions as in the engine (prompt from 0, canvas right after
+the prompt), so the real tokens see exactly what the engine shows them (`--smoke` checks it
+against `TransformersEngine`).
+
+Determinism: requests come from `random.Random(seed)` per request seed
+(`workers.demo_tasks.training_seeds`), noise from `noise_seed`, batches in a fixed order
+(the worker pool's results are consumed in submission order), the weights from
+`torch.manual_seed(spec.seed)`. On the CPU a run is bit-for-bit repeatable. On CUDA
+`torch.use_deterministic_algorithms(True, warn_only=True)` with a fixed cuBLAS workspace
+makes the matmuls and `index_add_` deterministic; the attention backward (memory-efficient
+SDPA) has no deterministic kernel and only warns, so two GPU runs may differ in the last
+bits. `--steps auto` picks the step count from the speed measured over steps 20-70 (before
+the warmup ends, so it changes nothing before it is chosen); the log records it, and
+`--steps N` replays that schedule.
+
+Weights are saved in fp16 (7.3 MB; fp32 would be 14.5) and the held-out check runs on the
+saved file. Needs torch, transformers, tokenizers, numpy; NOT pydantic (no `schemas`, no
+`Classifier`: the held-out check here drives `TransformersEngine` directly).
+
+    python -m bench.train_demo_model --smoke                      # 20 CPU steps, < 1 min
+    python -m bench.train_demo_model --device cuda --steps auto --budget-s 200 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workers import demo_tasks
+from workers.engine.template import (
+    ChatFormat,
+    LayoutCache,
+    labels_and_answers,
+    make_read,
+    noise_seed,
+    system_text,
+    user_text,
+)
+from workers.engine.types import Read
+
+KINDS = ("yes_no", "choice", "score")
+
+# --------------------------------------------------------------------------- reads
+
+
+def request_reads(
+    chat: ChatFormat, layouts: LayoutCache, ex: demo_tasks.Example, seed: int
+) -> list[tuple[Read, list[int], list[str]]]:
+    """The reads the engine makes for `ex` (its `Classifier`, one sample, stage 0 only: the
+    demo questions have no dependencies), with each slot's target token id and kind.
+
+    `seed` plays the part of the classifier's base seed: the noise seed is
+    `noise_seed(seed, request id, chunk question ids, 0)` as in `Classifier._run`."""
+    questions = {qid: demo_tasks.question_view(q) for qid, q in ex.request["questions"].items()}
+    spec = [(qid, labels_and_answers(q)[0]) for qid, q in questions.items()]
+    out = []
+    for layout in layouts.chunks(spec):
+        qs = {qid: questions[qid] for qid in layout.qids}
+        read = make_read(
+            chat,
+            layout,
+            system_text(qs),
+            user_text(ex.request["state"], {}),
+            seed=noise_seed(seed, ex.request["id"], layout.qids, 0),
+            tag=ex.request["id"],
+        )
+        targets, kinds = [], []
+        for slot in layout.slots:
+            _, answers = labels_and_answers(qs[slot.question_id])
+            targets.append(slot.label_ids[answers.index(ex.truth[slot.question_id])])
+            kinds.append(demo_tasks.KIND_OF[ex.tasks[slot.question_id].task])
+        out.append((read, targets, kinds))
+    return out
+
+
+def collate(items: Sequence[tuple[Read, list[int], list[str]]], pad_id: int) -> dict[str, Any]:
+    """Numpy arrays for one batch: prompts right-padded, canvases padded to the widest,
+    masks, positions, and the slots' (row, canvas position, target id, kind, label ids)."""
+    b = len(items)
+    plen = np.array([len(r.prompt_ids) for r, _, _ in items], dtype=np.int64)
+    cwid = np.array([len(r.canvas_ids) for r, _, _ in items], dtype=np.int64)
+    length, width = int(plen.max()), int(cwid.max())
+    ids = np.full((b, length), pad_id, dtype=np.int64)
+    amask = np.zeros((b, length), dtype=np.int64)
+    canvas = np.full((b, width), pad_id, dtype=np.int64)
+    cmask = np.zeros((b, width), dtype=np.int64)
+    rows, cols, targets, kinds, label_sets = [], [], [], [], []
+    for i, (read, tgt, knd) in enumerate(items):
+        ids[i, : plen[i]] = read.prompt_ids
+        amask[i, : plen[i]] = 1
+        canvas[i, : cwid[i]] = read.canvas_ids
+        cmask[i, : cwid[i]] = 1
+        for slot, t, k in zip(read.slots, tgt, knd, strict=True):
+            rows.append(i)
+            cols.append(slot.position)
+            targets.append(t)
+            kinds.append(KINDS.index(k))
+            label_sets.append(slot.label_ids)
+    k_max = max(len(s) for s in label_sets)
+    labels = np.array([list(s) + [-1] * (k_max - len(s)) for s in label_sets], dtype=np.int64)
+    return {
+        "input_ids": ids,
+        "attention_mask": amask,
+        "position_ids": np.broadcast_to(np.arange(length), (b, length)).copy(),
+        "decoder_input_ids": canvas,
+        "decoder_attention_mask": np.concatenate([amask, cmask], axis=1),
+        "decoder_position_ids": plen[:, None] + np.arange(width)[None, :],
+        "rows": np.array(rows, dtype=np.int64),
+        "cols": np.array(cols, dtype=np.int64),
+        "targets": np.array(targets, dtype=np.int64),
+        "kinds": np.array(kinds, dtype=np.int64),
+        "label_ids": labels,
+    }
+
+
+# --------------------------------------------------------------------------- data workers
+
+_W: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_dir: str, max_width: int) -> None:
+    # One thread per data process: the pool is the parallelism.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from transformers import AutoTokenizer
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir))
+    _W["chat"] = chat
+    _W["layouts"] = LayoutCache(chat.encode, chat.eot_id, max_width, size=4096)
+
+
+def make_group(job: tuple[int, int, int, int]) -> list[dict[str, Any]]:
+    """Group `index` of stream `seed`: `group * size` requests (training seeds only), their
+    reads sorted by prompt length and cut into `group` batches of `size` requests' reads
+    (less padding), in an order shuffled by the group's own seed."""
+    seed, index, size, group = job
+    chat, layouts = _W["chat"], _W["layouts"]
+    per_request = []
+    for s in demo_tasks.training_seeds(seed, size * group, start=index * size * group):
+        # The noise seed's base differs per request (the request seed), so every read of
+        # the stream gets fresh slot noise.
+        per_request.append(request_reads(chat, layouts, demo_tasks.example(s), seed=s))
+    per_request.sort(key=lambda reads: max(len(r.prompt_ids) for r, _, _ in reads))
+    batches = [
+        collate([item for reads in per_request[i : i + size] for item in reads], chat.pad_id)
+        for i in range(0, len(per_request), size)
+    ]
+    random.Random(f"{seed}/{index}").shuffle(batches)
+    return batches
+
+
+class Batches:
+    """Batches in order, built by a spawn pool a bounded number of groups ahead."""
+
+    def __init__(
+        self, tok_dir: Path, max_width: int, seed: int, size: int, workers: int, group: int
+    ):
+        self.seed, self.size, self.group = seed, size, group
+        self.pool = None
+        if workers > 0:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")  # safe next to CUDA
+            self.pool = ctx.Pool(workers, _init_worker, (str(tok_dir), max_width))
+        else:
+            _init_worker(str(tok_dir), max_width)
+        self.ahead: collections.deque[Any] = collections.deque()
+        self.window = max(1, 2 * workers)
+        self.next_index = 0
+        self.ready: collections.deque[dict[str, Any]] = collections.deque()
+
+    def _submit(self) -> None:
+        job = (self.seed, self.next_index, self.size, self.group)
+        self.next_index += 1
+        if self.pool is not None:
+            self.ahead.append(self.pool.apply_async(make_group, (job,)))
+        else:
+            self.ahead.append(job)
+
+    def get(self) -> dict[str, Any]:
+        if not self.ready:
+            while len(self.ahead) < self.window:
+                self._submit()
+            head = self.ahead.popleft()
+            self.ready.extend(make_group(head) if self.pool is None else head.get())
+        return self.ready.popleft()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _tensors(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    import torch
+
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
+
+
+def forward_slots(model: Any, t: dict[str, Any]) -> Any:
+    """Full-vocabulary logits (softcapped, fp32) at every slot of the batch: (slots, V)."""
+    out = model(
+        input_ids=t["input_ids"],
+        attention_mask=t["attention_mask"],
+        position_ids=t["position_ids"],
+        decoder_input_ids=t["decoder_input_ids"],
+        decoder_attention_mask=t["decoder_attention_mask"],
+        decoder_position_ids=t["decoder_position_ids"],
+    )
+    return out.logits[t["rows"], t["cols"]]
+
+
+def label_hits(logits: Any, t: dict[str, Any]) -> Any:
+    """Whether the argmax over each slot's labels is the target (the engine's decision)."""
+    import torch
+
+    ids = t["label_ids"]
+    lab = logits.gather(1, ids.clamp(min=0)).masked_fill(ids < 0, -torch.inf)
+    return ids.gather(1, lab.argmax(1, keepdim=True))[:, 0] == t["targets"]
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.05) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# --------------------------------------------------------------------------- held-out check
+
+
+def engine_check(
+    model_dir: Path, device: str, count: int, split: int, batch: int = 256
+) -> tuple[demo_tasks.CheckReport, dict[str, Any]]:
+    """Held-out split `split` through `TransformersEngine` (the engine, without the
+    classifier's pydantic front): per-kind accuracy and ECE of the saved model."""
+    from transformers import AutoTokenizer
+
+    from workers.engine.hf_backend import TransformersEngine
+
+    # No prefix reuse: every demo request has its own system text, so batching the whole
+    # prompts is faster here; the engine's results are the same either way.
+    engine = TransformersEngine.from_pretrained(
+        model_dir, device=device, max_batch_reads=batch, reuse_prefix=False
+    )
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(model_dir)))
+    layouts = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
+    examples = demo_tasks.held_out_examples(split, count)
+    reads, owners = [], []
+    for ex in examples:
+        for read, _, _ in request_reads(chat, layouts, ex, seed=0):
+            reads.append(read)
+            owners.append(ex)
+    t0 = time.perf_counter()
+    results = engine.read_sync(reads)
+    seconds = time.perf_counter() - t0
+    scored, masses = [], []
+    for ex, read, res in zip(owners, reads, results, strict=True):
+        for slot, sr in zip(read.slots, res.slots, strict=True):
+            q = ex.request["questions"][slot.question_id]
+            _, answers = labels_and_answers(demo_tasks.question_view(q))
+            top = int(np.argmax(sr.probs))
+            task = ex.tasks[slot.question_id].task
+            scored.append(
+                demo_tasks.ScoredRead(
+                    demo_tasks.KIND_OF[task],
+                    task,
+                    answers[top] == ex.truth[slot.question_id],
+                    float(sr.probs[top]),
+                )
+            )
+            if sr.label_mass is not None:
+                masses.append(sr.label_mass)
+    report = demo_tasks.check(scored)
+    extra = {
+        "reads": len(reads),
+        "questions": len(scored),
+        "seconds": round(seconds, 2),
+        "engine": f"TransformersEngine on {engine.info.device}, {engine.dtype}",
+        "mean_label_mass": round(float(np.mean(masses)), 4) if masses else None,
+    }
+    return report, extra
+
+
+def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> float:
+    """Max |p_train - p_engine| over the label distributions of `n` held-out requests:
+    the training forward (batched, padded) against `TransformersEngine` on the saved file."""
+    import torch
+
+    from workers.engine.hf_backend import TransformersEngine
+
+    layouts = LayoutCache(chat.encode, chat.eot_id, model.config.canvas_length)
+    items = []
+    for ex in demo_tasks.held_out_examples(7, n):
+        items.extend(request_reads(chat, layouts, ex, seed=0))
+    t = _tensors(collate(items, chat.pad_id), "cpu")
+    ref = DemoModel.load(model_dir)
+    with torch.inference_mode():
+        logits = forward_slots(ref, t)
+    engine = TransformersEngine(ref, model_name="parity")
+    res = engine.read_sync([r for r, _, _ in items])
+    worst, k = 0.0, 0
+    for r in res:
+        for sr in r.slots:
+            ids = t["label_ids"][k]
+            lab = logits[k, ids[ids >= 0]]
+            p = torch.softmax(lab.double(), 0).numpy()
+            worst = max(worst, float(np.abs(p - sr.probs).max()))
+            k += 1
+    return worst
+
+
+class DemoModel:
+    @staticmethod
+    def load(path: Path) -> Any:
+        import torch
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        return DiffusionGemmaForBlockDiffusion.from_pretrained(
+            str(path), dtype=torch.float32
+        ).eval()
+
+
+# --------------------------------------------------------------------------- training
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    from workers.engine.models import SPECS, tiny_config
+    from workers.engine.tokenizer import save_pretrained_tokenizer
+
+    t_start = time.perf_counter()
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cuda = device.startswith("cuda")
+    if cuda:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # Deterministic kernels on the CPU; on CUDA they made the step several times slower
+    # (index_add_/scatter in the MoE), and the committed weights are the artifact anyway.
+    torch.use_deterministic_algorithms(not cuda or args.deterministic, warn_only=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    spec = SPECS["demo"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    # The tokenizer the model is trained with is the one saved next to it (the same path
+    # `ensure_tiny_model` uses).
+    save_pretrained_tokenizer(out)
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(out)))
+
+    torch.manual_seed(spec.seed)
+    config = tiny_config(spec)
+    model = DiffusionGemmaForBlockDiffusion(config)
+    if args.init:
+        # Continue from saved weights (fp16 on disk -> fp32 master weights here).
+        init = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init, dtype=torch.float32)
+        model.load_state_dict(init.state_dict())
+        print(f"continuing from {args.init}", flush=True)
+    model = model.to(device)
+    # The loop over experts: `grouped_mm` (the default) wants bf16 weights on CUDA, and the
+    # master weights here are fp32 under bf16 autocast. The saved config keeps the default.
+    model.set_experts_implementation("eager")
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+        fused=cuda,
+    )
+    auto_steps = args.steps == "auto"
+    total = args.max_steps if auto_steps else int(args.steps)
+    warmup = min(args.warmup, max(1, total // 10)) if not auto_steps else args.warmup
+    batches = Batches(out, spec.canvas_length, args.seed, args.batch, args.workers, args.group)
+    print(
+        f"demo model: {n_params / 1e6:.2f} M parameters on {device}; batch {args.batch} "
+        f"requests; steps {args.steps}; workers {args.workers}",
+        flush=True,
+    )
+    log: dict[str, Any] = {"loss": [], "slot_accuracy": []}
+    t_train = time.perf_counter()
+    t_calib = t_train
+    window_loss, window_hits = [], collections.defaultdict(list)
+    step = 0
+    stopped_early = False
+    data_wait = 0.0
+    while step < total:
+        t_wait = time.perf_counter()
+        batch = batches.get()
+        data_wait += time.perf_counter() - t_wait
+        t = _tensors(batch, device)
+        lr = lr_at(step, total, args.lr, warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            logits = forward_slots(model, t)
+        loss = torch.nn.functional.cross_entropy(logits.float(), t["targets"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        window_loss.append(loss.detach())
+        hits = label_hits(logits.detach(), t)
+        for k in range(len(KINDS)):
+            sel = t["kinds"] == k  # no boolean indexing: it would sync with the GPU
+            window_hits[k].append(torch.stack([(hits & sel).sum(), sel.sum()]))
+        if auto_steps and step == 20:
+            if cuda:
+                torch.cuda.synchronize()
+            t_calib = time.perf_counter()
+        if auto_steps and step == 70:
+            if cuda:
+                torch.cuda.synchronize()
+            per_step = (time.perf_counter() - t_calib) / 50
+            left = args.budget_s - (time.perf_counter() - t_train)
+            total = max(args.warmup + 100, min(args.max_steps, 70 + int(left / per_step)))
+            total = total // 50 * 50
+            print(f"--steps auto: {per_step * 1e3:.1f} ms/step -> {total} steps", flush=True)
+        if step % args.log_every == 0 or step == total:
+            mean_loss = float(torch.stack(window_loss).mean())
+            acc = {}
+            for k, kind in enumerate(KINDS):
+                h = torch.stack(window_hits[k]).sum(0)
+                acc[kind] = round(float(h[0]) / max(1, float(h[1])), 4)
+            elapsed = time.perf_counter() - t_train
+            log["loss"].append([step, round(mean_loss, 5)])
+            log["slot_accuracy"].append([step, acc])
+            print(
+                f"step {step:5d}/{total} loss {mean_loss:.4f} acc {acc} lr {lr:.2e} "
+                f"{elapsed:6.1f}s (waiting for data {data_wait:.1f}s)",
+                flush=True,
+            )
+            window_loss, window_hits = [], collections.defaultdict(list)
+        if args.time_limit_s and time.perf_counter() - t_train > args.time_limit_s:
+            print(f"time limit {args.time_limit_s}s reached at step {step}", flush=True)
+            stopped_early = True
+            break
+    batches.close()
+    if cuda:
+        torch.cuda.synchronize()
+    train_seconds = time.perf_counter() - t_train
+
+    # Save in fp16 (the size budget; 3 more mantissa bits than bf16), with the tokenizer
+    # already there; bf16 only if a weight left fp16's range.
+    model.eval()
+    model.to("cpu")
+    biggest = max(float(p.detach().abs().max()) for p in model.parameters())
+    save_dtype = torch.float16 if biggest < 6e4 else torch.bfloat16
+    model.to(save_dtype).save_pretrained(str(out))
+    size_mb = (out / "model.safetensors").stat().st_size / 1e6
+    log.update(
+        {
+            "spec": dataclasses.asdict(spec),
+            "parameters": n_params,
+            "device": device,
+            "torch": torch.__version__,
+            "steps": step,
+            "steps_arg": args.steps,
+            "stopped_early": stopped_early,
+            "batch_requests": args.batch,
+            "lr": args.lr,
+            "warmup": warmup,
+            "weight_decay": args.weight_decay,
+            "seed": args.seed,
+            "train_seconds": round(train_seconds, 1),
+            "weights_dtype": str(save_dtype).removeprefix("torch."),
+            "largest_weight": round(biggest, 3),
+            "safetensors_mb": round(size_mb, 3),
+            "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
+            f"--lr {args.lr} --warmup {warmup} --seed {args.seed}"
+            + (f" --init {args.init}" if args.init else ""),
+        }
+    )
+    print(f"saved {out} ({size_mb:.2f} MB, {step} steps in {train_seconds:.1f}s)", flush=True)
+
+    if args.smoke:
+        worst = parity_check(model.float(), chat, out)
+        log["parity_max_abs_diff"] = worst
+        print(f"parity, training forward vs TransformersEngine: max |dp| = {worst:.2e}")
+        if worst > 1e-4:
+            raise SystemExit("the training forward does not match the engine")
+
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    if args.eval_count:
+        # The engine as it runs on this device: bf16 on CUDA (its default), fp32 on the CPU.
+        try:
+            report, extra = engine_check(out, device, args.eval_count, split=0)
+        except Exception as exc:  # the weights are saved; fall back to the CPU
+            print(f"engine check on {device} failed ({exc!r}); retrying on the CPU", flush=True)
+            report, extra = engine_check(out, "cpu", args.eval_count, split=0)
+        log["held_out"] = {
+            "split": 0,
+            "requests": args.eval_count,
+            "accuracy": report.accuracy,
+            "task_accuracy": report.task_accuracy,
+            "counts": report.counts,
+            "ece": round(report.ece, 5),
+            "passed": report.passed,
+            **extra,
+        }
+        print(f"held-out (engine, {args.eval_count} requests): {report.summary()}")
+        print(f"  per task: { {k: round(v, 4) for k, v in report.task_accuracy.items()} }")
+    log["wall_seconds"] = round(time.perf_counter() - t_start, 1)
+    (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"wall {log['wall_seconds']}s", flush=True)
+    return log
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    p.add_argument("--steps", default="3000", help='a number, or "auto" (see --budget-s)')
+    p.add_argument("--max-steps", type=int, default=20000, help="cap for --steps auto")
+    p.add_argument("--budget-s", type=float, default=200.0, help="training time for auto")
+    p.add_argument("--time-limit-s", type=float, default=0.0, help="hard stop (0 = none)")
+    p.add_argument("--batch", type=int, default=256, help="requests per step")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0, help="training stream")
+    p.add_argument("--group", type=int, default=4, help="batches bucketed by prompt length")
+    p.add_argument("--workers", type=int, default=-1, help="data processes (-1: cores - 2)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument("--eval-count", type=int, default=2000, help="held-out requests at the end")
+    p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--out", default="build/demo-model")
+    p.add_argument("--smoke", action="store_true", help="20 CPU steps, parity + tiny eval")
+    p.add_argument("--init", default="", help="continue from a saved model directory")
+    p.add_argument(
+        "--deterministic", action="store_true", help="deterministic kernels on CUDA too (slow)"
+    )
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.device, args.steps, args.batch, args.log_every = "cpu", "20", 4, 5
+        args.group = 1
+        args.eval_count = min(args.eval_count, 16)
+        args.warmup = 5
+        if args.workers < 0:
+            args.workers = 0
+    if args.workers < 0:
+        args.workers = max(1, min(14, (os.cpu_count() or 4) - 2))
+    if args.steps != "auto" and not args.steps.isdigit():
+        p.error('--steps takes a number or "auto"')
+    train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
