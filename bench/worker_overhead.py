@@ -1,0 +1,349 @@
+"""Worker overhead: the stream worker against plain kafka-python loops, same broker, same messages.
+
+With a zero-cost engine (the fake backend, `fake_cost_per_read_s=0`) the worker's time goes
+to Kafka I/O, parsing, the classifier front (prompts, canvases, answers) and its own
+machinery (threads, batching, ordering, acknowledgement tracking, commits). Measured side
+by side on one local broker, reading the same input topic from its beginning each time:
+
+- `worker`: `StreamWorker`, at-least-once, default batching (64 records, 2 in flight).
+- `plain, same work`: one thread, the textbook loop: poll(max_records=64), parse each with
+  `parse_request`, `Classifier.classify` the batch (the same fake engine), send the results
+  (same JSON, key and headers), flush, commit. The worker's machinery is the difference.
+- `plain echo`: poll, send each value back unchanged, flush, commit: what Kafka I/O alone
+  costs in kafka-python here (no parsing, no classifier). For scale, not for the ratio.
+
+Rate = results per second between the first and the last output record's timestamp (set
+by each producer at send), so start-up (the engine build, the group join) counts for none.
+Every variant runs `--repeat` times, alternating; the best run of each is reported.
+
+    .venv/bin/python bench/worker_overhead.py            # starts and stops its own broker
+    .venv/bin/python bench/worker_overhead.py --bootstrap 127.0.0.1:9092 --messages 20000
+
+Prints the figures and the command; writes the "worker-overhead" section of
+docs/benchmarks.md (`--no-write` to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import (
+    CooperativeStickyAssignor,
+)
+
+from bench.report import write_section
+from schemas import SCHEMA_VERSION, ClassificationResult, parse_request
+from workers.engine.factory import EngineSettings, build_classifier
+from workers.kafka_admin import compute_lag, ensure_topics
+from workers.kafka_settings import KafkaConnection
+from workers.logs import configure_logging
+from workers.settings import WorkerSettings
+from workers.worker import StreamWorker
+
+PARTITIONS = 6
+# Two inline questions (one yes/no, one choice): one read each request.
+QUESTIONS = {
+    "urgent": {"type": "yes_no", "instructions": "Does it need an answer today?"},
+    "language": {
+        "type": "choice",
+        "instructions": "Which language is it in?",
+        "criteria": {"en": None, "de": None},
+    },
+}
+MAX_RECORDS = 64  # the worker's default batch, used by the plain loop too
+
+
+def make_messages(n: int) -> list[tuple[bytes, bytes]]:
+    out = []
+    for i in range(n):
+        rid = f"r{i}"
+        body = {
+            "id": rid,
+            "state": f"message {i}: see you at the game tonight",
+            "questions": QUESTIONS,
+        }
+        out.append((rid.encode(), json.dumps(body).encode()))
+    return out
+
+
+def produce_input(conn: KafkaConnection, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = KafkaProducer(**conn.client_kwargs(client_id="bench-input"), acks="all", linger_ms=5)
+    for key, value in messages:
+        producer.send(topic, key=key, value=value)
+    producer.flush(timeout=120)
+    producer.close(timeout=10)
+
+
+def output_rate(
+    conn: KafkaConnection, topic: str, expected: int, timeout_s: float = 300
+) -> dict[str, float]:
+    """Read `topic` until `expected` records: count, span of their timestamps, rate."""
+    consumer = KafkaConsumer(
+        **conn.client_kwargs(client_id="bench-reader"),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        parts = None
+        while not parts:
+            parts = consumer.partitions_for_topic(topic)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metadata for {topic}")
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        stamps: list[int] = []
+        keys: set[bytes] = set()
+        while len(keys) < expected:
+            for recs in consumer.poll(timeout_ms=500, max_records=5000).values():
+                for r in recs:
+                    stamps.append(r.timestamp)
+                    keys.add(r.key)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: {len(keys)} of {expected} results")
+    finally:
+        consumer.close()
+    span = (max(stamps) - min(stamps)) / 1000
+    return {
+        "records": len(stamps),
+        "span_s": span,
+        "rate": (len(stamps) - 1) / span if span else 0.0,
+    }
+
+
+def _consumer(conn: KafkaConnection, topic: str, group: str) -> Any:
+    c = KafkaConsumer(
+        **conn.client_kwargs(client_id=f"bench-{group}"),
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        partition_assignment_strategy=[CooperativeStickyAssignor],
+        max_poll_records=MAX_RECORDS,
+    )
+    c.subscribe([topic])
+    return c
+
+
+def _producer(conn: KafkaConnection, name: str) -> Any:
+    return KafkaProducer(
+        **conn.client_kwargs(client_id=f"bench-{name}"),
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+    )
+
+
+def run_plain(conn: KafkaConnection, topic: str, out: str, n: int, classifier: Any | None) -> None:
+    """The textbook consume-(classify-)produce loop; `classifier` None: echo."""
+    group = f"bench-plain-{uuid.uuid4().hex[:8]}"
+    consumer, producer = _consumer(conn, topic, group), _producer(conn, group)
+    loop = asyncio.new_event_loop()
+    headers = [
+        ("schema_version", str(SCHEMA_VERSION).encode()),
+        ("model", b"fake"),
+        ("worker", b"plain"),
+    ]
+    done = 0
+    try:
+        while done < n:
+            batch = consumer.poll(timeout_ms=100, max_records=MAX_RECORDS)
+            if not batch:
+                continue
+            records = [r for recs in batch.values() for r in recs]
+            if classifier is None:
+                for r in records:
+                    producer.send(out, key=r.key, value=r.value)
+            else:
+                requests = [parse_request(r.value) for r in records]
+                good = [q for q in requests if not hasattr(q, "code")]
+                results = loop.run_until_complete(classifier.classify(good))
+                for res in results:
+                    if isinstance(res, ClassificationResult):
+                        value = res.model_dump_json().encode()
+                        producer.send(out, key=res.id.encode(), value=value, headers=headers)
+            producer.flush()
+            consumer.commit(
+                {tp: OffsetAndMetadata(recs[-1].offset + 1, "", -1) for tp, recs in batch.items()}
+            )
+            done += len(records)
+    finally:
+        consumer.close(autocommit=False)
+        producer.close(timeout=10)
+        loop.close()
+
+
+def run_worker(
+    conn: KafkaConnection, topic: str, out: str, n: int, classifier: Any
+) -> dict[str, Any]:
+    group = f"bench-worker-{uuid.uuid4().hex[:8]}"
+    settings = WorkerSettings(
+        pipeline="bench",
+        input_topics=[topic],
+        output_topic=out,
+        dead_letter_topic=f"{out}-dlq",
+        group_id=group,
+        kafka=conn,
+        engine=EngineSettings(backend="fake"),
+        log_level="WARNING",
+    )
+    worker = StreamWorker(settings, classifier=classifier)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while worker.status()["answered"] < n:
+        if worker.status()["state"] == "failed" or time.monotonic() > deadline:
+            raise RuntimeError(f"worker did not finish: {worker.status()}")
+        time.sleep(0.05)
+    while sum(compute_lag(conn, group, [topic]).values()) > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("worker did not commit everything")
+        time.sleep(0.05)
+    status = worker.drain()
+    thread.join(30)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--bootstrap", help="an existing broker (default: start a local one)")
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    args = ap.parse_args(argv)
+    configure_logging("WARNING")
+    load = os.getloadavg()[0]  # other work on the machine skews every variant
+
+    home = None
+    if args.bootstrap:
+        bootstrap = args.bootstrap
+    else:
+        from infra.kafka import broker
+
+        broker.fetch()
+        home = Path(tempfile.mkdtemp(prefix="dg-bench-kafka-"))
+        bootstrap = broker.start(home, port=0).bootstrap
+    try:
+        conn = KafkaConnection(bootstrap_servers=bootstrap)
+        topic = f"bench-in-{uuid.uuid4().hex[:8]}"
+        ensure_topics(conn, {topic: PARTITIONS})
+        messages = make_messages(args.messages)
+        produce_input(conn, topic, messages)
+        classifier = build_classifier(EngineSettings(backend="fake"), {}, "bench")
+
+        # The classifier alone (no Kafka), for scale.
+        requests = [parse_request(v) for _, v in messages[: 64 * 20]]
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(classifier.classify(requests[:64]))
+        t0 = time.perf_counter()
+        for i in range(0, len(requests), 64):
+            loop.run_until_complete(classifier.classify(requests[i : i + 64]))
+        classify_rate = len(requests) / (time.perf_counter() - t0)
+        loop.close()
+
+        rates: dict[str, list[float]] = {"worker": [], "same": [], "echo": []}
+        for rep in range(args.repeat):
+            for variant in ("worker", "same", "echo"):
+                out = f"bench-out-{variant}-{rep}-{uuid.uuid4().hex[:6]}"
+                ensure_topics(conn, {out: PARTITIONS, f"{out}-dlq": 1})
+                if variant == "worker":
+                    run_worker(conn, topic, out, args.messages, classifier)
+                else:
+                    run_plain(
+                        conn, topic, out, args.messages, classifier if variant == "same" else None
+                    )
+                r = output_rate(conn, out, args.messages)
+                rates[variant].append(r["rate"])
+                print(
+                    f"run {rep + 1} {variant:>6}: {r['rate']:,.0f} results/s "
+                    f"({r['records']} in {r['span_s']:.2f} s)"
+                )
+    finally:
+        if home is not None:
+            from infra.kafka import broker
+
+            broker.stop(home)
+            shutil.rmtree(home, ignore_errors=True)
+
+    best = {k: max(v) for k, v in rates.items()}
+    ratio = best["worker"] / best["same"]
+    command = "python bench/worker_overhead.py" + (
+        f" --messages {args.messages}" if args.messages != 20_000 else ""
+    )
+    cpu = f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
+    rows = [
+        (
+            "stream worker (at-least-once, 64 records a batch, 2 in flight)",
+            best["worker"],
+            f"**{ratio:.2f}x**",
+        ),
+        (
+            "plain loop, same work: poll 64, parse, classify, send, flush, commit",
+            best["same"],
+            "1.00x",
+        ),
+        (
+            "plain echo loop: poll 64, send each value back, flush, commit (Kafka I/O only)",
+            best["echo"],
+            f"{best['echo'] / best['same']:.2f}x",
+        ),
+        ("the classifier alone on the fake engine (no Kafka)", classify_rate, ""),
+    ]
+    table = "\n".join(f"| {name} | {rate:,.0f} | {vs} |" for name, rate, vs in rows)
+    runs = ", ".join(f"{k} {' / '.join(f'{r:,.0f}' for r in v)}" for k, v in rates.items())
+    md = "\n".join(
+        [
+            "## Worker overhead: the stream worker against a plain kafka-python loop",
+            "",
+            f"Local single-node Kafka broker (KRaft, loopback), {cpu}, Python "
+            f"{platform.python_version()}, kafka-python 3. {args.messages:,} requests with two "
+            f"inline questions (one read each) on {PARTITIONS} partitions, read from the "
+            "beginning by each variant; the fake engine at zero cost per read. Rate = results "
+            "per second across the span of the output records' timestamps (start-up "
+            f"excluded); best of {args.repeat} alternating runs (all runs: {runs}). Load "
+            f"average {load:.1f} at the start.",
+            "",
+            "| variant | results/s | vs plain loop, same work |",
+            "|---|---:|---:|",
+            table,
+            "",
+            "The first row's ratio measures the worker's machinery (threads, ordering, "
+            "acknowledgement tracking, commits); the aim is at least 0.9. The echo row is what "
+            "kafka-python's I/O alone sustains here: with a free engine, the classifier front "
+            "(prompts, canvases, answers, result JSON) bounds both loops on this CPU, and one "
+            "Python process (one GIL) runs the consumer, the engine loop and the clients' I/O "
+            "threads, so the pipelining buys little on a CPU-bound engine; it pays when the "
+            "engine waits on a GPU.",
+            "",
+            f"Reproduce: `{command}` (starts and stops its own broker; `--bootstrap host:port` "
+            "to use another).",
+        ]
+    )
+    print()
+    print(md)
+    print(f"ratio worker / plain (same work): {ratio:.3f}")
+    print(f"command: {command}")
+    if not args.no_write:
+        write_section("worker-overhead", md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""Fixtures of the stream-worker tests: a test pipeline's topics, worker threads, and a local
+Ray cluster for the session. The helpers themselves live in `worker_helpers.py`."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from worker_helpers import INPUT_PARTITIONS, Pipeline, WorkerThread
+
+from workers.kafka_settings import KafkaConnection
+
+
+@pytest.fixture
+def pipeline(
+    kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
+) -> Iterator[Pipeline]:
+    from workers.kafka_admin import ensure_topics
+
+    p = Pipeline(
+        kafka_connection,
+        input=unique_name("in"),
+        output=unique_name("out"),
+        dead=unique_name("dlq"),
+        group=unique_name("g"),
+    )
+    ensure_topics(kafka_connection, {p.input: INPUT_PARTITIONS, p.output: 3, p.dead: 1})
+    try:
+        yield p
+    finally:
+        for r in p.readers:
+            r.close()
+
+
+@pytest.fixture
+def worker_threads() -> Iterator[list[WorkerThread]]:
+    """Started worker threads are stopped at the end of the test."""
+    threads: list[WorkerThread] = []
+    yield threads
+    for t in threads:
+        if t.thread.is_alive():
+            t.worker.stop()
+            t.thread.join(30)
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """A local Ray cluster of our own for the session (4 logical CPUs, no dashboard).
+
+    `address="local"` starts a new one even when another Ray instance runs on the machine,
+    and its own temp dir keeps their files apart; `ray.shutdown()` stops its processes."""
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="dgray-", dir="/tmp")  # short: it holds socket paths
+    ctx = ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        namespace="dgstream-tests",
+        log_to_driver=False,
+        configure_logging=False,
+        _temp_dir=temp_dir,
+    )
+    try:
+        yield ctx
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)

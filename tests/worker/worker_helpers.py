@@ -1,0 +1,272 @@
+"""Helpers of the stream-worker tests: requests, topics, output readers, worker threads.
+
+Every wait is on a condition with a deadline (`wait_for`, `OutputReader.read_until`), never
+a bare sleep. The engine is the fake one (deterministic, no model) unless a test says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from workers.kafka_settings import KafkaConnection
+
+# The question set the pipelines know; requests name it or carry inline questions.
+MODERATION: dict[str, Any] = {
+    "toxic": {"type": "noul", "instructions": "Does the message insult someone?"},
+    "category": {
+        "type": "choice",
+        "instructions": "What kind of message is it?",
+        "criteria": {"spam": None, "chat": None, "news": None},
+    },
+    "severity": {
+        "type": "score",
+        "instructions": "How severe is it?",
+        "criteria": ["none", "mild", "serious"],
+        "depends_on": ["toxic"],
+    },
+}
+INLINE: dict[str, Any] = {
+    "urgent": {"type": "yes_no", "instructions": "Does it need an answer today?"},
+    "language": {
+        "type": "choice",
+        "instructions": "Which language is it in?",
+        "criteria": {"en": None, "de": None},
+    },
+}
+QUESTION_SETS = {"moderation": MODERATION}
+INPUT_PARTITIONS = 6
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "", every_s: float = 0.05
+) -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        time.sleep(every_s)
+
+
+def request_bytes(rid: str, i: int) -> bytes:
+    """Request `rid`: every other one names the question set, the rest ask inline."""
+    body: dict[str, Any] = {"id": rid, "state": f"message number {i}: see you at the game"}
+    if i % 2:
+        body["question_set"] = "moderation"
+    else:
+        body["questions"] = INLINE
+    body["metadata"] = {"n": i}
+    return json.dumps(body).encode()
+
+
+def expected_questions(i: int) -> set[str]:
+    return set(MODERATION) if i % 2 else set(INLINE)
+
+
+@dataclass
+class OutputReader:
+    """Reads a topic from its beginning without a group; keeps what it has read."""
+
+    conn: KafkaConnection
+    topic: str
+    read_committed: bool = False
+    records: list[Any] = field(default_factory=list)
+    _consumer: Any = None
+
+    def _open(self) -> Any:
+        if self._consumer is None:
+            from kafka import KafkaConsumer, TopicPartition
+
+            c = KafkaConsumer(
+                **self.conn.client_kwargs(client_id="dgstream-tests-reader"),
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                isolation_level="read_committed" if self.read_committed else "read_uncommitted",
+            )
+            parts = wait_for(lambda: c.partitions_for_topic(self.topic), 30, "topic metadata")
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            c.assign(tps)
+            c.seek_to_beginning(*tps)
+            self._consumer = c
+        return self._consumer
+
+    def poll(self, timeout_ms: int = 200) -> int:
+        got = 0
+        for recs in self._open().poll(timeout_ms=timeout_ms).values():
+            self.records.extend(recs)
+            got += len(recs)
+        return got
+
+    def keys(self) -> list[str]:
+        return [r.key.decode() for r in self.records if r.key is not None]
+
+    def read_until(self, done: Callable[[OutputReader], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done(self):
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+            self.poll()
+
+    def read_to_end(self, timeout_s: float = 30.0) -> None:
+        """Everything up to the end offsets as of now (the last stable offset when reading
+        committed)."""
+        c = self._open()
+        ends = c.end_offsets(list(c.assignment()))
+
+        def at_end(_: OutputReader) -> bool:
+            return all(c.position(tp) >= end for tp, end in ends.items())
+
+        self.read_until(at_end, timeout_s, f"the end of {self.topic}")
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+@dataclass
+class Pipeline:
+    """The topics, group and connection of one test pipeline, and helpers around them."""
+
+    conn: KafkaConnection
+    input: str
+    output: str
+    dead: str
+    group: str
+    readers: list[OutputReader] = field(default_factory=list)
+
+    def settings(self, **overrides: Any) -> Any:
+        from workers.engine.factory import EngineSettings
+        from workers.settings import WorkerSettings
+
+        base: dict[str, Any] = {
+            "pipeline": "test",
+            "input_topics": [self.input],
+            "output_topic": self.output,
+            "dead_letter_topic": self.dead,
+            "group_id": self.group,
+            "kafka": self.conn,
+            "engine": EngineSettings(backend="fake"),
+            "question_sets": QUESTION_SETS,
+            # The broker's group.min.session.timeout.ms: a member that vanishes is noticed
+            # in seconds, not the default 45.
+            "consumer": {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        }
+        base.update(overrides)
+        return WorkerSettings.model_validate(base)
+
+    def produce(
+        self, values: list[bytes | None], *, keys: list[bytes | None] | None = None, **kw: Any
+    ) -> list[Any]:
+        """Send, wait for the acknowledgements; returns their RecordMetadata in order."""
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(
+            **self.conn.client_kwargs(client_id="dgstream-tests-producer"),
+            acks="all",
+            linger_ms=5,
+        )
+        try:
+            futures = [
+                producer.send(self.input, value=v, key=None if keys is None else keys[i], **kw)
+                for i, v in enumerate(values)
+            ]
+            producer.flush(timeout=60)
+            return [f.get(timeout=60) for f in futures]
+        finally:
+            producer.close(timeout=10)
+
+    def produce_requests(self, n: int, prefix: str = "r", start: int = 0) -> list[str]:
+        ids = [f"{prefix}{i}" for i in range(start, start + n)]
+        values = [request_bytes(rid, start + k) for k, rid in enumerate(ids)]
+        self.produce(values, keys=[rid.encode() for rid in ids])
+        return ids
+
+    def reader(self, topic: str | None = None, *, read_committed: bool = False) -> OutputReader:
+        r = OutputReader(self.conn, topic or self.output, read_committed)
+        self.readers.append(r)
+        return r
+
+    def lag(self) -> int:
+        from workers.kafka_admin import compute_lag
+
+        return sum(compute_lag(self.conn, self.group, [self.input]).values())
+
+    def members(self) -> int:
+        """How many members the group has now."""
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(**self.conn.client_kwargs(client_id="dgstream-tests-admin"))
+        try:
+            described = admin.describe_groups([self.group])
+        finally:
+            admin.close()
+        return len(described[self.group]["members"])
+
+    def committed(self) -> dict[int, int]:
+        from kafka import KafkaAdminClient
+
+        admin = KafkaAdminClient(**self.conn.client_kwargs(client_id="dgstream-tests-admin"))
+        try:
+            offsets = admin.list_group_offsets({self.group: None}).get(self.group, {})
+        finally:
+            admin.close()
+        return {tp.partition: int(meta.offset) for tp, meta in offsets.items()}
+
+
+def count_duplicates(keys: list[str]) -> int:
+    return sum(n - 1 for n in Counter(keys).values() if n > 1)
+
+
+def check_results(records: list[Any], model: str = "fake") -> dict[str, dict[str, Any]]:
+    """Every result: headers, an answer for every question of its request; id -> result."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        body = json.loads(rec.value)
+        headers = dict(rec.headers)
+        assert headers["schema_version"] == b"1"
+        assert headers["model"] == model.encode()
+        assert headers["worker"]
+        assert rec.key.decode() == body["id"]
+        i = body["metadata"]["n"]
+        assert set(body["answers"]) == expected_questions(i), body
+        assert body["status"] == "ok"
+        out[body["id"]] = body
+    return out
+
+
+class WorkerThread:
+    """A `StreamWorker` running on a thread of the test process (no Ray)."""
+
+    def __init__(self, settings: Any, **kwargs: Any) -> None:
+        from workers.worker import StreamWorker
+
+        self.worker = StreamWorker(settings, **kwargs)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"test-{settings.name}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def start(self) -> WorkerThread:
+        self.thread.start()
+        return self
+
+    def join(self, timeout_s: float = 60.0) -> None:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the worker thread did not finish"

@@ -1,0 +1,162 @@
+"""The Ray actor around one `StreamWorker`: one engine, its GPU, one group member.
+
+The actor is thin on purpose: `StreamWorker` does the work and is tested without Ray. What
+the actor adds:
+
+* placement: `num_gpus` (one GPU with vLLM), `num_cpus`, custom resources, from
+  `WorkerSettings.resources` (`actor_options`);
+* restarts: `max_restarts=-1`. The worker starts in `__init__` (`autostart`), so an actor
+  that Ray restarts resumes consuming by itself; its uncommitted work is consumed again. A
+  fatal error (`WorkerFailed`: fatal engine error, an output that cannot be produced, being
+  fenced) ends the process with `os._exit`, which Ray treats as a crash and restarts;
+* `max_concurrency`: `status()` and `ping()` answer while `drain()` blocks.
+
+Use (the topology controller):
+
+    handle = create_worker(settings)                    # named, detached or not
+    ray.get(handle.ping.remote())                       # alive
+    ray.get(handle.status.remote())                     # counters, lag per partition, state
+    ray.get(handle.drain.remote())                      # scale-in: finish, commit, leave
+    ray.kill(handle, no_restart=True)                   # then remove it (or `retire`)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import ray
+
+from workers.logs import configure_logging, get_logger
+from workers.settings import WorkerSettings
+from workers.worker import StreamWorker
+
+__all__ = ["WorkerActor", "actor_name", "actor_options", "create_worker", "retire"]
+
+# status(), ping() and drain() may overlap; the worker itself runs on its own thread.
+_MAX_CONCURRENCY = 4
+# Exit code of a worker that failed on purpose so that Ray restarts it (EX_SOFTWARE).
+_EXIT_FOR_RESTART = 70
+
+
+class _WorkerActorImpl:
+    def __init__(self, settings: WorkerSettings, autostart: bool = True) -> None:
+        configure_logging(settings.log_level)
+        self._settings = settings
+        ctx = ray.get_runtime_context()
+        self._actor_id = ctx.get_actor_id()
+        self._restarted = bool(ctx.was_current_actor_reconstructed)
+        self._log = get_logger(worker=settings.name, pipeline=settings.pipeline)
+        self._worker = StreamWorker(settings)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._created = time.time()
+        self._log.info("actor_created", actor_id=self._actor_id, restarted=self._restarted)
+        if autostart:
+            self.start()
+
+    def start(self) -> dict[str, Any]:
+        """Start consuming (idempotent; a drained or stopped worker stays so); returns
+        `status()`."""
+        with self._lock:
+            if self._thread is None and self._worker.state == "new":
+                self._thread = threading.Thread(
+                    target=self._run, name=f"{self._settings.name}-consumer", daemon=True
+                )
+                self._thread.start()
+        return self.status()
+
+    def _run(self) -> None:
+        try:
+            self._worker.run()
+        except BaseException as exc:
+            # Let Ray restart this actor: an exception here would only end the thread.
+            self._log.error("actor_exit_for_restart", error=f"{type(exc).__name__}: {exc}")
+            sys.stderr.flush()
+            os._exit(_EXIT_FOR_RESTART)
+
+    def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Stop fetching, finish in flight, commit, leave the group; returns `status()`."""
+        return self._annotate(self._worker.drain(timeout_s))
+
+    def stop(self) -> dict[str, Any]:
+        """Leave at once (work in flight is consumed again elsewhere)."""
+        return self._annotate(self._worker.stop())
+
+    def status(self) -> dict[str, Any]:
+        return self._annotate(self._worker.status())
+
+    def ping(self) -> str:
+        return "pong"
+
+    def _annotate(self, status: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **status,
+            "actor_id": self._actor_id,
+            "restarted": self._restarted,
+            "pid": os.getpid(),
+        }
+
+
+# Defaults that every replica shares; `actor_options` adds placement and the name.
+# (Ray's type stubs do not list max_concurrency, hence the untyped handle on ray.remote.)
+_remote: Any = ray.remote
+WorkerActor: Any = _remote(max_restarts=-1, max_task_retries=0, max_concurrency=_MAX_CONCURRENCY)(
+    _WorkerActorImpl
+)
+
+
+def actor_name(settings: WorkerSettings) -> str:
+    """The actor's name in its namespace: one per pipeline replica."""
+    return f"dgstream-{settings.pipeline}-{settings.replica}"
+
+
+def actor_options(
+    settings: WorkerSettings,
+    *,
+    name: str | None = None,
+    lifetime: str | None = None,
+    namespace: str | None = None,
+) -> dict[str, Any]:
+    """The `.options(...)` of a replica: name, placement from `settings.resources`,
+    `max_restarts=-1` (Ray restarts a crashed worker) and `max_task_retries=0` (a method
+    call is not replayed on a restarted actor)."""
+    opts: dict[str, Any] = {
+        "name": name or actor_name(settings),
+        "num_gpus": settings.num_gpus,
+        "num_cpus": settings.resources.cpus,
+        "max_restarts": -1,
+        "max_task_retries": 0,
+    }
+    if settings.resources.custom:
+        opts["resources"] = dict(settings.resources.custom)
+    if lifetime is not None:
+        opts["lifetime"] = lifetime
+    if namespace is not None:
+        opts["namespace"] = namespace
+    return opts
+
+
+def create_worker(
+    settings: WorkerSettings,
+    *,
+    name: str | None = None,
+    lifetime: str | None = None,
+    namespace: str | None = None,
+    autostart: bool = True,
+) -> Any:
+    """A started replica (its handle). Ray must be initialized."""
+    opts = actor_options(settings, name=name, lifetime=lifetime, namespace=namespace)
+    return WorkerActor.options(**opts).remote(settings, autostart)
+
+
+def retire(handle: Any, *, timeout_s: float | None = None) -> dict[str, Any]:
+    """Scale-in: drain the replica, then remove the actor for good; returns its last status."""
+    try:
+        status: dict[str, Any] = ray.get(handle.drain.remote(timeout_s), timeout=None)
+    finally:
+        ray.kill(handle, no_restart=True)
+    return status

@@ -1,0 +1,218 @@
+"""Everything one stream worker needs, as one frozen, validated object (`WorkerSettings`).
+
+The topology controller builds one per replica (same pipeline, a different `replica`) and
+hands it to `workers.actor.WorkerActor`; tests build it directly. Every tuning constant says
+where its value came from. Secrets live only inside `kafka` (a `KafkaConnection`), which
+never prints them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas import DEFAULT_LIMITS, ParseLimits, Question, RequestRejected, question_order
+from workers.engine.factory import EngineSettings
+from workers.kafka_settings import KafkaConnection
+
+__all__ = [
+    "ActorResources",
+    "Batching",
+    "ConsumerTuning",
+    "Delivery",
+    "ProducerTuning",
+    "WorkerSettings",
+]
+
+Delivery = Literal["at_least_once", "exactly_once"]
+
+_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# Pipeline names go into actor names, client ids, transactional ids and instance ids
+# (the topology spec uses the same rule).
+_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_QUESTION_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Batching(_Frozen):
+    """Micro-batches: how many records, how long to wait for them, how many in flight."""
+
+    # 64 requests of 3 questions fill a 256-read forward on the H200 (docs/benchmarks.md:
+    # throughput flattens from 128 to 256 reads); it is also EngineSettings.max_batch_reads'
+    # default for the tiny CPU model. Same default as the topology spec.
+    max_records: int = Field(default=64, ge=1, le=10_000)
+    # A batch waits at most this long to fill once its first record is in, and only while
+    # the engine is busy (an idle engine gets what is there at once). 50 ms: the topology
+    # spec's default; a fraction of one full-size engine call.
+    max_wait_ms: int = Field(default=50, ge=0, le=60_000)
+    # Batches between poll and commit (the one being filled counts). 2: one in the engine
+    # while the next is fetched and parsed (the issue's "keep the engine busy"); it also
+    # bounds the duplicates a crash can cause to max_in_flight x max_records.
+    max_in_flight: int = Field(default=2, ge=1, le=64)
+
+
+class ConsumerTuning(_Frozen):
+    """Group-membership timings (kafka-python's names and defaults unless noted)."""
+
+    # kafka-python 3's default for brokers 3.0+ (KIP-735). Tests lower it to the broker's
+    # group.min.session.timeout.ms (6 s) so a killed dynamic member is noticed quickly.
+    session_timeout_ms: int = Field(default=45_000, ge=1_000)
+    # kafka-python's default; Kafka recommends at most a third of the session timeout.
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
+    # kafka-python's default (5 minutes). The worker keeps calling poll() (partitions paused)
+    # while its batches are full, so only one engine call longer than this would trip it.
+    max_poll_interval_ms: int = Field(default=300_000, ge=1_000)
+    # Where a group with no committed offset starts: the backlog is work to do.
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    # read_committed skips aborted records of transactional upstream producers; for other
+    # producers it changes nothing.
+    isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    # On revocation, wait this long for the revoked partitions' batches to finish before
+    # abandoning them (they are then consumed again by the new owner). 30 s: far above one
+    # engine call (milliseconds to a few seconds) and far below max_poll_interval_ms, which
+    # bounds how long the other members wait for this one to rejoin. The wait also stops at
+    # half of session_timeout_ms: it runs on kafka-python's I/O thread, which also sends the
+    # heartbeats.
+    revoke_timeout_s: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _heartbeat_below_session(self) -> ConsumerTuning:
+        if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
+            raise ValueError(
+                "heartbeat_interval_ms must be at most a third of session_timeout_ms "
+                f"({self.heartbeat_interval_ms} x 3 > {self.session_timeout_ms})"
+            )
+        return self
+
+
+class ProducerTuning(_Frozen):
+    """The producer: always acks=all and idempotent (not settable); these are the rest."""
+
+    # Kafka 4.0's Java default (KIP-1030 raised it from 0 to 5 ms): small batches of results
+    # share a request, at a cost far below one engine call.
+    linger_ms: int = Field(default=5, ge=0, le=10_000)
+    # How long send() may block on metadata or a full buffer; kafka-python's default.
+    max_block_ms: int = Field(default=60_000, ge=100)
+    # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
+    transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
+    # A dead letter keeps at most this many leading bytes of the original: base64 adds a
+    # third, and the broker's default max.message.bytes is about 1 MiB (1,048,588), so
+    # 700,000 raw bytes (933,336 in base64) leave room for the rest of the record.
+    max_dead_letter_original_bytes: int = Field(default=700_000, ge=0)
+
+
+class ActorResources(_Frozen):
+    """What the Ray actor asks for (the topology spec's `resources`: gpus, cpus, custom)."""
+
+    # None: one GPU for the vLLM backend (it owns the device), none otherwise. CPU runs
+    # (tests, the fake engine) leave it None or set 0.
+    gpus: float | None = Field(default=None, ge=0)
+    # One core: the consumer thread, the engine's event loop and the Kafka clients' I/O
+    # threads share one Python process (one GIL) anyway.
+    cpus: float = Field(default=1.0, ge=0)
+    custom: dict[str, float] = Field(default_factory=dict)
+
+
+class WorkerSettings(_Frozen):
+    """One replica of one pipeline: where to read and write, which engine, how to batch."""
+
+    pipeline: str = Field(pattern=_NAME_PATTERN)
+    input_topics: list[str] = Field(min_length=1)
+    output_topic: str
+    dead_letter_topic: str
+    group_id: str = Field(min_length=1, max_length=249)
+    kafka: KafkaConnection
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    question_sets: dict[str, dict[str, Question]] = Field(default_factory=dict)
+    batching: Batching = Field(default_factory=Batching)
+    delivery: Delivery = "at_least_once"
+    # Static membership (KIP-345): the replica keeps its partitions across restarts (no
+    # rebalance while Ray restarts it) under the instance id `group_instance_id`.
+    static_membership: bool = False
+    parse_limits: ParseLimits = DEFAULT_LIMITS
+    replica: int = Field(default=0, ge=0)
+    # Default: "<pipeline>-<replica>". Goes into logs, metrics, result headers and
+    # diagnostics, dead letters and the Kafka client id.
+    worker_name: str | None = Field(default=None, min_length=1, max_length=200)
+    consumer: ConsumerTuning = Field(default_factory=ConsumerTuning)
+    producer: ProducerTuning = Field(default_factory=ProducerTuning)
+    resources: ActorResources = Field(default_factory=ActorResources)
+    # A batch that fails with a recoverable engine error is tried again this many times
+    # before it is split in halves to find the request at fault. 2: a transient failure
+    # (a timeout, an OOM under a burst) rarely repeats twice; a request that breaks the
+    # engine fails every time, and the split costs about 2 x log2(batch) more calls.
+    engine_retries: int = Field(default=2, ge=0, le=10)
+    # Pause between those tries (doubling each time).
+    engine_retry_backoff_s: float = Field(default=0.05, ge=0)
+    # drain() waits this long for batches in flight before it gives up on them (they
+    # are then consumed again by the partitions' next owner).
+    drain_timeout_s: float = Field(default=60.0, gt=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    # ---------------------------------------------------------------- validation
+
+    @field_validator("input_topics", "output_topic", "dead_letter_topic")
+    @classmethod
+    def _topic_names(cls, value: str | list[str]) -> str | list[str]:
+        for name in [value] if isinstance(value, str) else value:
+            if not _TOPIC_RE.match(name) or name in (".", ".."):
+                raise ValueError(f"{name!r} is not a valid Kafka topic name")
+        return value
+
+    @field_validator("question_sets")
+    @classmethod
+    def _question_sets(
+        cls, value: dict[str, dict[str, Question]]
+    ) -> dict[str, dict[str, Question]]:
+        for name, questions in value.items():
+            if not questions:
+                raise ValueError(f"question set {name!r} has no questions")
+            for qid in questions:
+                if not _QUESTION_ID_RE.match(qid):
+                    raise ValueError(
+                        f"question set {name!r}: question id {qid!r} must match "
+                        f"{_QUESTION_ID_RE.pattern}"
+                    )
+            try:
+                question_order(questions)
+            except RequestRejected as exc:
+                raise ValueError(f"question set {name!r}: {exc.error.message}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        outputs = {self.output_topic, self.dead_letter_topic}
+        if outputs & set(self.input_topics):
+            raise ValueError("output and dead-letter topics must differ from the input topics")
+        if len(set(self.input_topics)) != len(self.input_topics):
+            raise ValueError("input_topics lists a topic twice")
+        return self
+
+    # ---------------------------------------------------------------- derived names
+
+    @property
+    def name(self) -> str:
+        """The worker's name: `worker_name`, or "<pipeline>-<replica>"."""
+        return self.worker_name or f"{self.pipeline}-{self.replica}"
+
+    @property
+    def group_instance_id(self) -> str:
+        """Static member id: stable across restarts of the same replica."""
+        return f"{self.pipeline}-{self.replica}"
+
+    @property
+    def transactional_id(self) -> str:
+        """Stable across restarts of the same replica, so a restarted one fences its zombie."""
+        return f"{self.group_id}-{self.pipeline}-{self.replica}"
+
+    @property
+    def num_gpus(self) -> float:
+        """GPUs the actor asks Ray for."""
+        if self.resources.gpus is not None:
+            return self.resources.gpus
+        return 1.0 if self.engine.backend == "vllm" else 0.0

@@ -1,0 +1,1091 @@
+"""The stream worker: consume requests, answer them in micro-batches, publish, lose nothing.
+
+`StreamWorker` is plain Python (threads and one asyncio loop) so it runs and is tested
+without Ray; `workers.actor.WorkerActor` wraps it for the pool. Three threads matter:
+
+* the *consumer thread* (whoever calls `run()`) owns the `KafkaConsumer` (kafka-python's
+  consumer is not thread-safe: every consumer call happens here, or in the rebalance
+  listener while this thread is blocked inside `poll()`). It polls, parses, submits
+  batches, and commits;
+* the *engine loop* (a thread running an asyncio loop) owns the `Classifier`: it answers
+  a batch with as few engine calls as possible and produces its outputs, in submission
+  order;
+* kafka-python's own I/O threads (the producer's acknowledgements arrive there).
+
+The busy loop, one micro-batch at a time (numbers match the comments below):
+
+ 1. Settle: take the batches whose outputs are all acknowledged, advance each partition's
+    contiguous done prefix, commit `last offset + 1` of it (the outputs are flushed first:
+    a batch is done only once the broker acknowledged every output). Exactly-once: commit
+    the transaction with those offsets in it instead.
+ 2. Control: a fatal error stops the loop (nothing more is committed); `stop()` leaves at
+    once; `drain()` submits what was polled, finishes the batches in flight, commits and
+    leaves the group.
+ 3. Backpressure: at most `max_in_flight` batches between poll and commit (the batch being
+    filled counts). When full, stop polling and wait for a completion; still poll now and
+    then (putting back what it returns) so the group does not drop this member.
+ 4. Poll up to `max_records - len(batch)` records.
+ 5. Parse each with `schemas.parse_request`; a refusal (or an unknown question set)
+    becomes a dead letter of the batch (code, message, original bytes, topic, partition,
+    offset), never an exception.
+ 6. Submit the batch to the engine loop when it is full, when it has waited `max_wait_ms`,
+    or at once when the engine is idle.
+
+On the engine loop, per batch:
+
+ 7. Classify every request of the batch at once (`Classifier.classify`). A recoverable
+    engine error retries the batch (`engine_retries`), then splits it in halves to find
+    the request that keeps failing, which becomes an ENGINE_FAILED dead letter; a fatal
+    one fails the worker (Ray restarts the actor; uncommitted work is consumed again).
+ 8. Build the outputs: results keyed by request id with headers (schema_version, model,
+    worker) to the output topic or the request's `reply_topic`; dead letters keyed by the
+    request id when it could be read.
+ 9. Produce them after the previous batch's outputs (per-partition order is kept) and
+    report the batch done when every output is acknowledged (`acks=all`, idempotent
+    producer). Exactly-once: the outputs go into the open transaction, which step 1
+    commits together with the batch's offsets (`send_offsets_to_transaction` with the
+    consumer's group metadata, so a zombie of this replica is fenced).
+
+Rebalances (cooperative-sticky): when partitions are revoked, the listener (which runs
+while the consumer thread is blocked inside poll()) drops their records from the batch
+being filled, waits (bounded) for the batches holding their records, commits them and
+forgets the partitions, before the group hands them to their next owner. Partitions
+*lost* (this member was fenced) are forgotten without a commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future as ConcurrentFuture
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+from kafka import (
+    ConsumerRebalanceListener,
+    KafkaConsumer,
+    KafkaProducer,
+    OffsetAndMetadata,
+    TopicPartition,
+)
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
+
+from schemas import (
+    SCHEMA_VERSION,
+    ClassificationRequest,
+    ClassificationResult,
+    DeadLetter,
+    ErrorCode,
+    RequestError,
+    parse_request,
+)
+from workers.engine.classifier import Classifier
+from workers.engine.types import FatalEngineError, RecoverableEngineError
+from workers.engine.vllm_backend import ReadRejected
+from workers.logs import configure_logging, get_logger, quiet_kafka_debug
+from workers.metrics import WorkerMetrics
+from workers.settings import WorkerSettings
+
+__all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
+
+WorkerState = Literal["new", "starting", "running", "draining", "stopping", "stopped", "failed"]
+
+# When every batch slot is taken, wait this long for a completion before looking again:
+# short against one batch (tens of milliseconds with the fake engine on a CPU), so a
+# freed slot is refilled at once. Completions also wake the loop directly.
+_FULL_WAIT_S = 0.05
+# While full, still call poll() at least this often, so the heartbeat thread's
+# poll-interval check (max_poll_interval_ms) and rebalances see a live member. One second:
+# well below any sane max_poll_interval_ms, and rebalances wait for this member's rejoin.
+_FULL_POLL_EVERY_S = 1.0
+# A rejoin is pending: poll this long at a time, so the JoinGroup/SyncGroup round trip
+# (which waits for the other members) completes inside poll() rather than between calls:
+# kafka-python 3.0 (coordinator/base.py, join_group_async) sends a new JoinGroup when the
+# previous one finished while no poll() was waiting on it, and a leader's rejoin starts a
+# new rebalance. 200 ms: a join on a quiet group takes tens of milliseconds.
+_REJOIN_POLL_MS = 200
+# When nothing is in flight and no batch is being filled, poll waits this long for data
+# (it returns as soon as some arrives; the bound only sets how often control is checked).
+_IDLE_POLL_MS = 100
+# Lag per partition is recomputed at most this often (local reads only; the autoscaler
+# polls every 5 s by default).
+_LAG_EVERY_S = 0.5
+# Close the clients within this bound on the way out.
+_CLOSE_TIMEOUT_S = 10.0
+# A reply topic that could not be reached is not tried again for this long (each try may
+# block up to the producer's max_block_ms on a metadata request).
+_BAD_TOPIC_TTL_S = 60.0
+
+
+class WorkerFailed(RuntimeError):
+    """The worker stopped on an error that needs a restart (fatal engine error, an output
+    that could not be produced, being fenced). Nothing in flight was committed."""
+
+
+# ------------------------------------------------------------------------------ batches
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One input record and what parsing made of it."""
+
+    tp: TopicPartition
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    request: ClassificationRequest | None = None
+    error: RequestError | None = None
+
+
+@dataclass(eq=False)
+class _Batch:
+    seq: int
+    entries: list[_Entry] = field(default_factory=list)
+    last: dict[TopicPartition, int] = field(default_factory=dict)  # tp -> last offset here
+    started: float = field(default_factory=time.monotonic)
+    open: set[TopicPartition] = field(default_factory=set)  # tps not yet committed/dropped
+    done: bool = False
+    # at-least-once acknowledgement countdown (producer I/O thread)
+    waiting: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reported: bool = False
+
+    def add(self, entry: _Entry) -> None:
+        self.entries.append(entry)
+        self.last[entry.tp] = entry.offset
+
+    def drop(self, tps: set[TopicPartition]) -> None:
+        self.entries = [e for e in self.entries if e.tp not in tps]
+        for tp in tps:
+            self.last.pop(tp, None)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass(slots=True)
+class _Output:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    entry: _Entry
+    dead_code: str | None  # None for a result
+
+
+class _Listener(ConsumerRebalanceListener):
+    """Runs on kafka-python's I/O thread while the consumer thread is inside poll()."""
+
+    def __init__(self, worker: StreamWorker) -> None:
+        self._worker = worker
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self._worker._on_revoked(set(revoked), lost=False)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self._worker._on_assigned(set(assigned))
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        self._worker._on_revoked(set(lost), lost=True)
+
+
+def _tp_name(tp: TopicPartition) -> str:
+    return f"{tp.topic}-{tp.partition}"
+
+
+# ------------------------------------------------------------------------------ the worker
+
+
+class StreamWorker:
+    """One consumer-group member with one engine. `run()` blocks; the rest are thread-safe.
+
+    `classifier` replaces the one built from `settings.engine` (tests inject failing
+    engines this way; the benchmark shares one between variants).
+    """
+
+    def __init__(self, settings: WorkerSettings, *, classifier: Classifier | None = None) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self._classifier = classifier
+        self._eos = settings.delivery == "exactly_once"
+        if not structlog.is_configured():
+            configure_logging(settings.log_level)
+        quiet_kafka_debug()
+        self.log = get_logger(worker=self.name, pipeline=settings.pipeline)
+        self._debug = settings.log_level == "DEBUG"  # per-request "answered" events
+        self.metrics = WorkerMetrics(settings.pipeline, self.name)
+
+        self._state: WorkerState = "new"
+        self._state_lock = threading.RLock()  # consumer-thread bookkeeping vs the listener
+        self._stop = threading.Event()
+        self._drain = threading.Event()
+        self._finished = threading.Event()
+        self._wake = threading.Event()
+        self._done_q: queue.SimpleQueue[tuple[_Batch, BaseException | None]] = queue.SimpleQueue()
+        self._failure: BaseException | None = None
+        self._last_error: str | None = None
+        self._started_at: float | None = None
+        self._summary: dict[str, Any] = {}
+
+        self._consumer: Any = None
+        self._producer: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._model = b""
+
+        self._seq = 0
+        self._acc: _Batch | None = None
+        self._pending: dict[int, _Batch] = {}  # submitted, not yet retired (holds a slot)
+        self._tracks: dict[TopicPartition, deque[_Batch]] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._assignment: set[TopicPartition] = set()
+        self._closing = False  # teardown under way: the listener only forgets partitions
+        self._base: dict[TopicPartition, int] = {}  # first offset seen, before any commit
+        self._last_poll = 0.0
+        self._last_lag = 0.0
+        self._submitted = 0  # written by the consumer thread
+        self._classified = 0  # written by the engine loop
+        self._send_turn: asyncio.Event | None = None  # engine loop only
+
+        # exactly-once: batches whose outputs are in the open transaction
+        self._txn_lock = threading.Lock()
+        self._txn_sent: list[_Batch] = []
+
+        self._good_topics: set[str] = {settings.output_topic}
+        self._bad_topics: dict[str, tuple[float, str]] = {}
+
+    # ================================================================== public API
+
+    def run(self) -> dict[str, Any]:
+        """Consume until `drain()` or `stop()`; returns a summary. Raises `WorkerFailed`."""
+        with self._state_lock:
+            if self._state != "new":
+                raise RuntimeError(f"run() needs a new worker (this one is {self._state})")
+            self._state = "starting"
+        self._started_at = time.time()
+        try:
+            self._setup()
+            with self._state_lock:
+                if self._state == "starting":
+                    self._state = "running"
+            self.log.info(
+                "worker_started",
+                topics=list(self.settings.input_topics),
+                group=self.settings.group_id,
+                delivery=self.settings.delivery,
+                static=self.settings.static_membership,
+            )
+            self._loop_body()
+        except BaseException as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            self.log.error("worker_failed", error=self._last_error, exc_info=True)
+            self._teardown(failed=True)
+            self._set_state("failed")
+            self._finished.set()
+            if isinstance(exc, WorkerFailed):
+                raise
+            raise WorkerFailed(self._last_error) from exc
+        self._teardown(failed=False)
+        self._set_state("stopped")
+        self._finished.set()
+        self.log.info("worker_stopped", **self._summary)
+        return self.status()
+
+    def drain(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Stop fetching, finish the batches in flight, commit, leave the group.
+
+        Blocks until `run()` has returned (at most `timeout_s`, default the settings'
+        drain timeout plus the client close bound); returns `status()`."""
+        with self._state_lock:
+            if self._state == "new":
+                self._state = "stopped"
+                self._finished.set()
+                return self.status()
+            if self._state in ("running", "starting"):
+                self._state = "draining"
+        self._drain.set()
+        self._wake.set()
+        limit = timeout_s if timeout_s is not None else self.settings.drain_timeout_s
+        self._finished.wait(limit + _CLOSE_TIMEOUT_S)
+        return self.status()
+
+    def stop(self, timeout_s: float = _CLOSE_TIMEOUT_S * 2) -> dict[str, Any]:
+        """Leave at once: batches in flight are abandoned (consumed again by the partitions'
+        next owner); only acknowledged work is committed."""
+        with self._state_lock:
+            if self._state == "new":
+                self._state = "stopped"
+                self._finished.set()
+                return self.status()
+            if self._state not in ("stopped", "failed"):
+                self._state = "stopping"
+        self._stop.set()
+        self._wake.set()
+        self._finished.wait(timeout_s)
+        return self.status()
+
+    def status(self) -> dict[str, Any]:
+        """Counters and state, safe to call from any thread."""
+        snap = self.metrics.snapshot()
+        committed = {_tp_name(tp): off for tp, off in dict(self._committed).items()}
+        return {
+            "worker": self.name,
+            "pipeline": self.settings.pipeline,
+            "state": self._state,
+            "delivery": self.settings.delivery,
+            "assignment": sorted(_tp_name(tp) for tp in self._assignment),
+            "committed": committed,
+            "uptime_s": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
+            "last_error": self._last_error,
+            "metrics_exported": self.metrics.exported,  # to Ray's metrics (under Ray)
+            **snap,
+        }
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    def wait_finished(self, timeout_s: float | None = None) -> bool:
+        return self._finished.wait(timeout_s)
+
+    # ================================================================== setup / teardown
+
+    def _set_state(self, state: WorkerState) -> None:
+        with self._state_lock:
+            self._state = state
+
+    def _setup(self) -> None:
+        s = self.settings
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name=f"{self.name}-engine", daemon=True
+        )
+        self._loop_thread.start()
+        # Build the engine on its own loop (an in-process vLLM binds to the loop it starts on).
+        self._classifier = self._on_loop(self._build_classifier()).result()
+        self._model = self._classifier.engine.info.model.encode()
+
+        client_id = f"{s.kafka.client_id}-{self.name}"
+        producer_kw: dict[str, Any] = {
+            "acks": "all",
+            "enable_idempotence": True,
+            "linger_ms": s.producer.linger_ms,
+            "max_block_ms": s.producer.max_block_ms,
+        }
+        if self._eos:
+            producer_kw["transactional_id"] = s.transactional_id
+            producer_kw["transaction_timeout_ms"] = s.producer.transaction_timeout_ms
+        self._producer = KafkaProducer(
+            **s.kafka.client_kwargs(client_id=f"{client_id}-producer"), **producer_kw
+        )
+        if self._eos:
+            # Fences an earlier incarnation of this replica and aborts its open transaction.
+            self._producer.init_transactions()
+            self._producer.begin_transaction()
+
+        consumer_kw: dict[str, Any] = {
+            "group_id": s.group_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": s.consumer.auto_offset_reset,
+            "isolation_level": s.consumer.isolation_level,
+            "partition_assignment_strategy": [CooperativeStickyAssignor],
+            "max_poll_records": s.batching.max_records,
+            "session_timeout_ms": s.consumer.session_timeout_ms,
+            "heartbeat_interval_ms": s.consumer.heartbeat_interval_ms,
+            "max_poll_interval_ms": s.consumer.max_poll_interval_ms,
+        }
+        if s.static_membership:
+            consumer_kw["group_instance_id"] = s.group_instance_id
+        self._consumer = KafkaConsumer(
+            **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
+        )
+        self._consumer.subscribe(list(s.input_topics), listener=_Listener(self))
+
+    async def _build_classifier(self) -> Classifier:
+        if self._classifier is not None:
+            return self._classifier
+        from workers.engine.factory import build_classifier
+
+        return build_classifier(self.settings.engine, self.settings.question_sets, self.name)
+
+    def _on_loop(self, coro: Any) -> ConcurrentFuture[Any]:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _teardown(self, *, failed: bool) -> None:
+        """Close everything; never raises."""
+        self._closing = True
+        consumer, producer = self._consumer, self._producer
+        if producer is not None and self._eos and (failed or self._stop.is_set()):
+            with contextlib.suppress(Exception):
+                self._producer.abort_transaction()
+        if consumer is not None:
+            try:
+                consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
+            except Exception as exc:
+                self.log.warning("consumer_close_failed", error=str(exc))
+        if (
+            not failed
+            and self._drain.is_set()
+            and not self._stop.is_set()
+            and self.settings.static_membership
+        ):
+            self._remove_static_member()
+        if producer is not None:
+            try:
+                producer.close(timeout=_CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                self.log.warning("producer_close_failed", error=str(exc))
+        loop, thread = self._loop, self._loop_thread
+        if loop is not None and thread is not None:
+            if self._classifier is not None:
+                with contextlib.suppress(Exception):
+                    self._on_loop(self._classifier.engine.close()).result(_CLOSE_TIMEOUT_S)
+
+            async def _cancel_rest() -> None:
+                me = asyncio.current_task()
+                for task in asyncio.all_tasks():
+                    if task is not me:
+                        task.cancel()
+
+            with contextlib.suppress(Exception):
+                self._on_loop(_cancel_rest()).result(_CLOSE_TIMEOUT_S)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(_CLOSE_TIMEOUT_S)
+            if not thread.is_alive():
+                loop.close()
+        self.metrics.set_in_flight(0)
+        self._summary = {
+            "consumed": self.metrics.consumed,
+            "answered": self.metrics.answered,
+            "dead_lettered": self.metrics.dead_lettered,
+            "committed": {_tp_name(tp): o for tp, o in sorted(self._committed.items())},
+        }
+
+    def _remove_static_member(self) -> None:
+        """A static member never sends LeaveGroup: ask the coordinator to remove it, so its
+        partitions move now rather than after session_timeout_ms."""
+        from kafka.admin import MemberToRemove
+
+        from workers.kafka_admin import admin_client
+
+        try:
+            with admin_client(self.settings.kafka) as admin:
+                admin.remove_group_members(
+                    self.settings.group_id,
+                    [
+                        MemberToRemove(
+                            group_instance_id=self.settings.group_instance_id,
+                            reason="dgstream drain",
+                        )
+                    ],
+                )
+        except Exception as exc:
+            self.log.warning("static_member_removal_failed", error=str(exc))
+
+    # ================================================================== consumer thread
+
+    def _loop_body(self) -> None:
+        s = self.settings
+        max_records = s.batching.max_records
+        max_wait_s = s.batching.max_wait_ms / 1000
+        max_in_flight = s.batching.max_in_flight
+        consumer = self._consumer
+        while True:
+            # 1. Settle: acknowledged batches -> contiguous prefixes -> commit.
+            with self._state_lock:
+                self._settle(sync=True)
+            # 2. Control.
+            if self._failure is not None:
+                raise WorkerFailed(
+                    f"{type(self._failure).__name__}: {self._failure}"
+                ) from self._failure
+            if self._stop.is_set():
+                return
+            if self._drain.is_set():
+                self._finish_in_flight()
+                return
+            now = time.monotonic()
+            if now - self._last_lag >= _LAG_EVERY_S:
+                self._update_lag()
+                self._last_lag = now
+            # 3. Backpressure: every slot is taken (the batch being filled needs one).
+            if len(self._pending) >= max_in_flight:
+                self._wait_full()
+                continue
+            # 4. Poll.
+            acc = self._acc
+            rejoin = self._rejoin_pending()
+            if acc is not None and len(acc):
+                timeout_ms = max(0, int((acc.started + max_wait_s - now) * 1000))
+            elif self._pending:
+                timeout_ms = s.batching.max_wait_ms
+            else:
+                timeout_ms = _IDLE_POLL_MS
+            if rejoin:
+                timeout_ms = max(timeout_ms, _REJOIN_POLL_MS)
+            room = max_records - (len(acc) if acc is not None else 0)
+            records = consumer.poll(timeout_ms=timeout_ms, max_records=max(room, 1))
+            self._last_poll = time.monotonic()
+            with self._state_lock:
+                self._assignment = set(consumer.assignment())
+                # 5. Parse into the batch being filled.
+                if records:
+                    self._take(records)
+                # 6. Submit when full, when waited long enough, or when the engine is idle.
+                acc = self._acc
+                if acc is not None and len(acc):
+                    waited = time.monotonic() - acc.started
+                    if (
+                        len(acc) >= max_records
+                        or waited >= max_wait_s
+                        or self._submitted == self._classified
+                    ):
+                        self._submit(acc)
+
+    def _rejoin_pending(self) -> bool:
+        # kafka-python 3 drives JoinGroup/SyncGroup from poll() only; knowing that one is
+        # due lets the loop poll long enough for it to finish inside one call.
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        need = getattr(coordinator, "need_rejoin", None)
+        if need is None:
+            return False
+        try:
+            return bool(need())
+        except Exception:
+            return False
+
+    def _wait_full(self) -> None:
+        """Every slot taken: wait for a completion; keep the membership alive meanwhile.
+
+        No pause()/resume(): kafka-python 3.0's fetcher parks the parsed records of a paused
+        partition and gives them back only while no other partition's records are in line
+        (`Fetcher.fetch_records` tests `_next_partition_records is None`, which a drained
+        batch never resets), and a parked partition is not fetched again: it stalls for
+        good. Instead the loop stops polling, and when it must poll (a rejoin is due, or a
+        second has passed) it takes at most one record and seeks back to it."""
+        self._wake.wait(_FULL_WAIT_S)
+        self._wake.clear()
+        rejoin = self._rejoin_pending()
+        if not rejoin and time.monotonic() - self._last_poll < _FULL_POLL_EVERY_S:
+            return
+        consumer = self._consumer
+        records = consumer.poll(timeout_ms=_REJOIN_POLL_MS if rejoin else 0, max_records=1)
+        self._last_poll = time.monotonic()
+        with self._state_lock:
+            self._assignment = set(consumer.assignment())
+            for tp, recs in (records or {}).items():
+                if recs and tp in self._assignment:
+                    consumer.seek(tp, recs[0].offset)
+
+    def _take(self, records: dict[TopicPartition, list[Any]]) -> None:
+        """Step 5: parse the polled records into the batch being filled."""
+        if self._acc is None:
+            self._seq += 1
+            self._acc = _Batch(self._seq)
+        acc = self._acc
+        limits = self.settings.parse_limits
+        sets = self.settings.question_sets
+        n = 0
+        for tp, recs in records.items():
+            if recs and tp not in self._committed and tp not in self._base:
+                self._base[tp] = recs[0].offset
+            for rec in recs:
+                n += 1
+                value = rec.value
+                entry = _Entry(tp, rec.offset, rec.key, value, rec.timestamp)
+                parsed = parse_request(value, limits)
+                if isinstance(parsed, RequestError):
+                    entry.error = parsed
+                elif parsed.question_set is not None and parsed.question_set not in sets:
+                    entry.error = RequestError(
+                        code=ErrorCode.UNKNOWN_QUESTION_SET,
+                        message=f"question_set: no question set named {parsed.question_set!r} "
+                        f"in pipeline {self.settings.pipeline!r}",
+                        field="question_set",
+                    )
+                else:
+                    entry.request = parsed
+                acc.add(entry)
+        self.metrics.record_consumed(n)
+
+    def _submit(self, batch: _Batch) -> None:
+        self._acc = None
+        batch.open = set(batch.last)
+        for tp in batch.open:
+            self._tracks.setdefault(tp, deque()).append(batch)
+        self._pending[batch.seq] = batch
+        self._submitted += 1
+        self.metrics.set_in_flight(len(self._pending))
+        self._on_loop(self._process(batch))
+
+    def _finish_in_flight(self) -> None:
+        """drain(): submit what was polled, wait for everything in flight, commit."""
+        with self._state_lock:
+            if self._acc is not None and len(self._acc):
+                self._submit(self._acc)
+            self._acc = None
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self._pending and time.monotonic() < deadline:
+            if self._failure is not None:
+                raise WorkerFailed(f"{self._failure}") from self._failure
+            self._wake.wait(_FULL_WAIT_S)
+            self._wake.clear()
+            with self._state_lock:
+                self._settle(sync=True)
+        with self._state_lock:
+            self._settle(sync=True)
+        if self._pending:
+            self.log.warning(
+                "drain_timeout",
+                abandoned_batches=len(self._pending),
+                seconds=self.settings.drain_timeout_s,
+            )
+
+    # ------------------------------------------------------------------ settling
+
+    def _settle(self, *, sync: bool) -> None:
+        """Step 1: apply completions, commit the contiguous done prefix of each partition.
+
+        `sync`: commit and wait (consumer thread); otherwise commit_async (the listener,
+        which runs on the I/O thread and must not block on it)."""
+        while True:
+            try:
+                batch, exc = self._done_q.get_nowait()
+            except queue.Empty:
+                break
+            if exc is not None:
+                if self._failure is None:
+                    self._failure = exc
+                continue
+            batch.done = True
+        if self._failure is not None:
+            return
+        if self._eos:
+            self._commit_transaction()
+            return
+        ready = self._ready()
+        if not ready:
+            return
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, (off, _) in ready.items()}
+        try:
+            if sync:
+                self._consumer.commit(offsets)
+            else:
+                self._consumer.commit_async(offsets)
+        except FencedInstanceIdError as exc:
+            # Another live member has this replica's static id: this one is a zombie.
+            raise WorkerFailed(f"fenced: {exc}") from exc
+        except (CommitFailedError, KafkaError) as exc:
+            # Usually a rebalance under way: the batches stay tracked and are committed on
+            # the next pass (or forgotten when their partitions are revoked or lost).
+            self.log.warning("commit_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._retire(ready)
+
+    def _ready(self) -> dict[TopicPartition, tuple[int, int]]:
+        """tp -> (offset to commit, number of batches it covers) for every partition whose
+        oldest tracked batches are done."""
+        out: dict[TopicPartition, tuple[int, int]] = {}
+        for tp, dq in self._tracks.items():
+            n = 0
+            for b in dq:
+                if not b.done:
+                    break
+                n += 1
+            if n:
+                out[tp] = (dq[n - 1].last[tp] + 1, n)
+        return out
+
+    def _retire(self, ready: dict[TopicPartition, tuple[int, int]]) -> None:
+        for tp, (offset, n) in ready.items():
+            dq = self._tracks[tp]
+            for _ in range(n):
+                self._release(dq.popleft(), tp)
+            if not dq:
+                del self._tracks[tp]
+            self._committed[tp] = offset
+        self.metrics.set_in_flight(len(self._pending))
+
+    def _release(self, batch: _Batch, tp: TopicPartition) -> None:
+        batch.open.discard(tp)
+        if not batch.open:
+            self._pending.pop(batch.seq, None)
+
+    def _commit_transaction(self) -> None:
+        """Exactly-once step 1: the outputs sent so far and their offsets, one transaction."""
+        with self._txn_lock:
+            sent, self._txn_sent = self._txn_sent, []
+            if not sent:
+                return
+            for b in sent:
+                b.done = True
+            ready = self._ready()
+            producer = self._producer
+            try:
+                if ready:
+                    offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, (off, _) in ready.items()}
+                    producer.send_offsets_to_transaction(offsets, self._consumer.group_metadata())
+                producer.commit_transaction()
+                producer.begin_transaction()
+            except Exception as exc:
+                # The transaction is aborted by this replica's next incarnation (same
+                # transactional id); its records stay invisible to read_committed readers.
+                raise WorkerFailed(
+                    f"transaction commit failed: {type(exc).__name__}: {exc}"
+                ) from exc
+        self._retire(ready)
+
+    def _update_lag(self) -> None:
+        consumer = self._consumer
+        lag: dict[str, int] = {}
+        for tp in self._assignment:
+            try:
+                high = consumer.highwater(tp)
+            except Exception:
+                continue
+            if high is None:
+                continue
+            base = self._committed.get(tp, self._base.get(tp))
+            if base is not None:
+                lag[_tp_name(tp)] = max(0, int(high) - int(base))
+        self.metrics.set_lag(lag)
+
+    # ------------------------------------------------------------------ rebalances
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.log.info("partitions_assigned", partitions=sorted(_tp_name(tp) for tp in assigned))
+
+    def _on_revoked(self, revoked: set[TopicPartition], *, lost: bool) -> None:
+        """Finish (bounded) and commit the revoked partitions' work, then forget them."""
+        if not revoked:
+            return
+        names = sorted(_tp_name(tp) for tp in revoked)
+        with self._state_lock:
+            if self._acc is not None:
+                self._acc.drop(revoked)
+            closing = self._closing or self._failure is not None
+            if not lost and not closing:
+                if not self._await_batches(revoked) and self._eos:
+                    # Their outputs would land in a later transaction without their offsets:
+                    # restart instead (the next incarnation aborts the open transaction).
+                    self._failure = self._failure or WorkerFailed(
+                        "exactly-once: the revoked partitions' batches did not finish in time"
+                    )
+                    return
+                try:
+                    self._settle(sync=False)
+                except WorkerFailed as exc:
+                    self._failure = self._failure or exc
+            abandoned = 0
+            for tp in revoked:
+                for b in self._tracks.pop(tp, ()):
+                    abandoned += 1
+                    self._release(b, tp)
+                if not self._closing:  # on the way out, status() keeps the last commits
+                    self._committed.pop(tp, None)
+                self._base.pop(tp, None)
+            self.metrics.set_in_flight(len(self._pending))
+        self.log.info(
+            "partitions_lost" if lost else "partitions_revoked",
+            partitions=names,
+            abandoned_batches=abandoned,
+        )
+
+    def _await_batches(self, tps: set[TopicPartition]) -> bool:
+        """Wait until every batch holding records of `tps` is done (acknowledged, or in the
+        open transaction), within the revoke timeout and half the session timeout (this
+        runs on the consumer's I/O thread, which also sends the heartbeats). Returns whether
+        they all finished."""
+        c = self.settings.consumer
+        limit = min(c.revoke_timeout_s, c.session_timeout_ms / 2000)
+        deadline = time.monotonic() + limit
+        while True:
+            while True:
+                try:
+                    batch, exc = self._done_q.get_nowait()
+                except queue.Empty:
+                    break
+                if exc is not None:
+                    self._failure = self._failure or exc
+                else:
+                    batch.done = True
+            if self._failure is not None:
+                return False
+            with self._txn_lock:
+                in_txn = {id(b) for b in self._txn_sent}
+            waiting = [
+                b
+                for tp in tps
+                for b in self._tracks.get(tp, ())
+                if not b.done and id(b) not in in_txn
+            ]
+            if not waiting:
+                return True
+            if time.monotonic() >= deadline:
+                self.log.warning("revoke_timeout", batches=len(waiting), seconds=limit)
+                return False
+            self._wake.wait(0.01)
+            self._wake.clear()
+
+    # ================================================================== engine loop
+
+    async def _process(self, batch: _Batch) -> None:
+        """Steps 7-9 for one batch; reports completion (or failure) to the consumer thread."""
+        prev, mine = self._send_turn, asyncio.Event()
+        self._send_turn = mine
+        classified = False
+        try:
+            requests = [e.request for e in batch.entries if e.request is not None]
+            t0 = time.perf_counter()
+            calls = [0]
+            try:
+                outcomes = await self._classify(requests, calls) if requests else []
+            finally:
+                self._classified += 1
+                classified = True
+            self.metrics.record_batch(len(batch))
+            if requests:
+                self.metrics.record_engine(time.perf_counter() - t0, calls[0])
+            outputs = await self._outputs(batch, outcomes)
+            if prev is not None:
+                await prev.wait()
+            self._produce(batch, outputs)
+            mine.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if not classified:
+                self._classified += 1
+            self._report(batch, exc)
+
+    async def _classify(
+        self, requests: list[ClassificationRequest], calls: list[int]
+    ) -> list[ClassificationResult | RequestError]:
+        """Step 7: the whole batch in one call; retries, then halves, on recoverable errors."""
+        assert self._classifier is not None
+        classifier = self._classifier
+        retries = self.settings.engine_retries
+        backoff = self.settings.engine_retry_backoff_s
+
+        async def attempt(
+            sub: Sequence[ClassificationRequest], tries: int
+        ) -> tuple[list[ClassificationResult | RequestError] | None, BaseException | None]:
+            last: BaseException | None = None
+            for i in range(tries):
+                if i:
+                    await asyncio.sleep(backoff * (2 ** (i - 1)))
+                calls[0] += 1
+                try:
+                    out = await classifier.classify(sub)
+                except FatalEngineError:
+                    raise
+                except ReadRejected as exc:  # before RecoverableEngineError: never retried
+                    return None, exc
+                except RecoverableEngineError as exc:
+                    last = exc
+                    continue
+                except Exception as exc:  # a bug or an engine error of another kind
+                    self.log.error("engine_unexpected_error", error=repr(exc), exc_info=True)
+                    last = exc
+                    continue
+                if len(out) != len(sub):
+                    last = RecoverableEngineError(
+                        f"the classifier returned {len(out)} answers for {len(sub)} requests"
+                    )
+                    continue
+                return out, None
+            return None, last
+
+        async def solve(
+            sub: Sequence[ClassificationRequest], whole: bool
+        ) -> list[ClassificationResult | RequestError]:
+            tries = 1 + retries if (whole or len(sub) == 1) else 1
+            out, err = await attempt(sub, tries)
+            if out is not None:
+                return out
+            if len(sub) == 1:
+                self.log.warning(
+                    "engine_failed_request",
+                    request_id=sub[0].id,
+                    error=f"{type(err).__name__}: {err}",
+                )
+                reason = f"{type(err).__name__}: {err}"[:500]
+                return [
+                    RequestError(
+                        code=ErrorCode.ENGINE_FAILED,
+                        message=f"the engine could not answer this request ({reason})",
+                    )
+                ]
+            if whole:
+                self.log.warning(
+                    "engine_batch_failed_splitting",
+                    size=len(sub),
+                    error=f"{type(err).__name__}: {err}",
+                )
+            mid = len(sub) // 2
+            left = await solve(sub[:mid], False)
+            return left + await solve(sub[mid:], False)
+
+        return await solve(requests, True)
+
+    async def _outputs(
+        self, batch: _Batch, outcomes: list[ClassificationResult | RequestError]
+    ) -> list[_Output]:
+        """Step 8: one output per input record, in input order."""
+        worker = self.name.encode()
+        version = str(SCHEMA_VERSION).encode()
+        result_headers = [("schema_version", version), ("model", self._model), ("worker", worker)]
+        it = iter(outcomes)
+        out: list[_Output] = []
+        for entry in batch.entries:
+            outcome = next(it) if entry.error is None else entry.error
+            try:
+                out.append(await self._output(entry, outcome, result_headers))
+            except Exception as exc:  # a bug must not poison the partition: dead-letter it
+                self.log.error("output_failed", error=repr(exc), exc_info=True)
+                error = RequestError(
+                    code=ErrorCode.ENGINE_FAILED,
+                    message=f"the worker could not build this request's output: {exc!r}"[:500],
+                )
+                out.append(self._dead_letter(entry, error))
+        return out
+
+    async def _output(
+        self,
+        entry: _Entry,
+        outcome: ClassificationResult | RequestError,
+        headers: list[tuple[str, bytes]],
+    ) -> _Output:
+        if isinstance(outcome, RequestError):
+            return self._dead_letter(entry, outcome)
+        assert entry.request is not None
+        topic = entry.request.reply_topic or self.settings.output_topic
+        problem = None if topic in self._good_topics else await self._check(topic)
+        if problem is not None:
+            error = RequestError(
+                code=ErrorCode.INVALID_REPLY_TOPIC,
+                message=f"reply_topic: cannot write to {topic!r}: {problem}",
+                field="reply_topic",
+            )
+            return self._dead_letter(entry, error)
+        value = outcome.model_dump_json().encode()
+        return _Output(topic, outcome.id.encode(), value, headers, entry, None)
+
+    def _dead_letter(self, entry: _Entry, error: RequestError) -> _Output:
+        s = self.settings
+        letter = DeadLetter.build(
+            error,
+            entry.value,
+            entry.tp.topic,
+            entry.tp.partition,
+            entry.offset,
+            entry.key,
+            entry.timestamp_ms if entry.timestamp_ms >= 0 else None,
+            self.name,
+            max_original_bytes=s.producer.max_dead_letter_original_bytes,
+        )
+        headers = [
+            ("schema_version", str(SCHEMA_VERSION).encode()),
+            ("worker", self.name.encode()),
+            ("error_code", error.code.value.encode()),
+        ]
+        key = letter.request_id.encode() if letter.request_id else None
+        self.log.info(
+            "dead_letter",
+            request_id=letter.request_id,
+            code=error.code.value,
+            message=error.message[:300],
+            topic=entry.tp.topic,
+            partition=entry.tp.partition,
+            offset=entry.offset,
+        )
+        return _Output(
+            s.dead_letter_topic,
+            key,
+            letter.model_dump_json().encode(),
+            headers,
+            entry,
+            error.code.value,
+        )
+
+    async def _check(self, topic: str) -> str | None:
+        """Whether a reply topic can be written (its metadata can be had); cached."""
+        bad = self._bad_topics.get(topic)
+        if bad is not None and time.monotonic() - bad[0] < _BAD_TOPIC_TTL_S:
+            return bad[1]
+        loop = asyncio.get_running_loop()
+        problem: str | None
+        try:
+            parts = await loop.run_in_executor(None, self._producer.partitions_for, topic)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            problem = None if parts else "the topic has no partitions"
+        if problem is None:
+            self._good_topics.add(topic)
+            self._bad_topics.pop(topic, None)
+            return None
+        self._bad_topics[topic] = (time.monotonic(), problem)
+        return problem
+
+    def _produce(self, batch: _Batch, outputs: list[_Output]) -> None:
+        """Step 9: send; the batch is done when every output is acknowledged."""
+        producer = self._producer
+        now_ms = time.time() * 1000
+        e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
+        dead = [o.dead_code for o in outputs if o.dead_code is not None]
+        answered = len(outputs) - len(dead)
+        if self._debug:
+            for o in outputs:
+                if o.dead_code is None and o.key is not None:
+                    self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
+        if self._eos:
+            with self._txn_lock:
+                for o in outputs:
+                    producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+                self._txn_sent.append(batch)
+            self.metrics.record_outputs(answered, dead, e2e)
+            self._wake.set()
+            return
+        if not outputs:
+            self._done_q.put((batch, None))
+            self._wake.set()
+            return
+        batch.waiting = len(outputs)
+
+        def on_ack(_: Any) -> None:
+            with batch.lock:
+                batch.waiting -= 1
+                finished = batch.waiting == 0 and not batch.reported
+                if finished:
+                    batch.reported = True
+            if finished:
+                self._done_q.put((batch, None))
+                self._wake.set()
+
+        def on_error(exc: BaseException) -> None:
+            self._report(batch, exc)
+
+        for o in outputs:
+            fut = producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+            fut.add_callback(on_ack)
+            fut.add_errback(on_error)
+        self.metrics.record_outputs(answered, dead, e2e)
+
+    def _report(self, batch: _Batch, exc: BaseException) -> None:
+        with batch.lock:
+            if batch.reported:
+                return
+            batch.reported = True
+        self._last_error = f"{type(exc).__name__}: {exc}"
+        self._done_q.put((batch, exc))
+        self._wake.set()
