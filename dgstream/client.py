@@ -1,0 +1,189 @@
+"""The producer's client: classify a state over Kafka and get the result back.
+
+Request-reply: each request names this client's reply topic (`reply_topic`); the worker
+publishes the result there, keyed by the request id; a background thread matches results to
+waiting calls by id. Requests are validated with the same entry point the worker uses
+before they are sent, so a bad request fails here, at once, with its error code.
+
+    with Client("127.0.0.1:9092", "moderation.requests") as client:
+        result = client.classify("you idiot!!!", question_set="moderation")
+        for result in client.classify_many(requests, max_in_flight=256):
+            ...
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from schemas import ClassificationRequest, ClassificationResult, RequestError, parse_request
+from workers.kafka_settings import KafkaConnection
+
+
+class RequestInvalid(ValueError):
+    """The request was refused before sending; `.error` holds the code and the field."""
+
+    def __init__(self, error: RequestError) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error
+
+
+class Client:
+    def __init__(
+        self,
+        kafka: str | list[str] | KafkaConnection,
+        request_topic: str,
+        *,
+        reply_topic: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+        from workers.kafka_admin import ensure_topics
+
+        self.connection = (
+            kafka
+            if isinstance(kafka, KafkaConnection)
+            else KafkaConnection(bootstrap_servers=kafka)
+        )
+        self.request_topic = request_topic
+        # One reply topic per client by default: nobody else's results to skip.
+        self.reply_topic = reply_topic or f"dgstream.replies.{uuid.uuid4().hex[:12]}"
+        self.timeout_s = timeout_s
+        ensure_topics(self.connection, {self.reply_topic: 1})
+        kw = self.connection.client_kwargs()
+        self._producer = KafkaProducer(acks="all", enable_idempotence=True, **kw)
+        self._consumer = KafkaConsumer(enable_auto_commit=False, **kw)
+        parts = [
+            TopicPartition(self.reply_topic, p)
+            for p in sorted(self._consumer.partitions_for_topic(self.reply_topic) or {0})
+        ]
+        self._consumer.assign(parts)
+        # Only results of requests sent from now on matter.
+        self._consumer.seek_to_end(*parts)
+        for tp in parts:
+            self._consumer.position(tp)
+        self._pending: dict[str, Future[ClassificationResult]] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="dgstream-replies", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public
+
+    def submit(
+        self,
+        state: str | None = None,
+        questions: Mapping[str, Any] | None = None,
+        *,
+        question_set: str | None = None,
+        id: str | None = None,
+        samples: int | str = 1,
+        metadata: Mapping[str, Any] | None = None,
+        request: Mapping[str, Any] | None = None,
+    ) -> Future[ClassificationResult]:
+        """Send one request; the future resolves to its result."""
+        body: dict[str, Any] = (
+            dict(request)
+            if request is not None
+            else {
+                "id": id or uuid.uuid4().hex,
+                "state": state,
+                "samples": samples,
+            }
+        )
+        if request is None:
+            if questions is not None:
+                body["questions"] = dict(questions)
+            if question_set is not None:
+                body["question_set"] = question_set
+            if metadata is not None:
+                body["metadata"] = dict(metadata)
+        body["reply_topic"] = self.reply_topic
+        raw = json.dumps(body).encode()
+        parsed = parse_request(raw)
+        if isinstance(parsed, RequestError):
+            raise RequestInvalid(parsed)
+        assert isinstance(parsed, ClassificationRequest)
+        future: Future[ClassificationResult] = Future()
+        with self._lock:
+            self._pending[parsed.id] = future
+        self._producer.send(self.request_topic, key=parsed.id.encode(), value=raw)
+        self._producer.flush()
+        return future
+
+    def classify(
+        self, *args: Any, timeout_s: float | None = None, **kwargs: Any
+    ) -> ClassificationResult:
+        """Classify one state; raises TimeoutError when no result arrives in time."""
+        future = self.submit(*args, **kwargs)
+        try:
+            return future.result(timeout=timeout_s or self.timeout_s)
+        except FutureTimeout:
+            self._forget(future)
+            raise TimeoutError("no result within the timeout") from None
+
+    def classify_many(
+        self,
+        requests: Iterable[Mapping[str, Any]],
+        *,
+        max_in_flight: int = 256,
+        timeout_s: float | None = None,
+    ) -> Iterator[ClassificationResult]:
+        """Send whole requests (dicts in the wire shape), keeping up to `max_in_flight`
+        waiting; yields results in the order the requests were given."""
+        window: list[Future[ClassificationResult]] = []
+        for req in requests:
+            window.append(self.submit(request=req))
+            if len(window) >= max_in_flight:
+                yield self._take(window.pop(0), timeout_s)
+        while window:
+            yield self._take(window.pop(0), timeout_s)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=10)
+        self._producer.close()
+        self._consumer.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _take(
+        self, future: Future[ClassificationResult], timeout_s: float | None
+    ) -> ClassificationResult:
+        try:
+            return future.result(timeout=timeout_s or self.timeout_s)
+        except FutureTimeout:
+            self._forget(future)
+            raise TimeoutError("no result within the timeout") from None
+
+    def _forget(self, future: Future[ClassificationResult]) -> None:
+        with self._lock:
+            for key, value in list(self._pending.items()):
+                if value is future:
+                    del self._pending[key]
+
+    def _listen(self) -> None:
+        while not self._closed.is_set():
+            polled = self._consumer.poll(timeout_ms=200)
+            for records in polled.values():
+                for rec in records:
+                    try:
+                        result = ClassificationResult.model_validate_json(rec.value)
+                    except ValueError:
+                        continue  # not a result of ours
+                    with self._lock:
+                        future = self._pending.pop(result.id, None)
+                    if future is not None and not future.done():
+                        future.set_result(result)
