@@ -119,6 +119,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "worker_overhead.py"
+    sys.argv = [str(script)]
+    runpy.run_path(str(script), run_name="__main__")
+    print("GPU figures: see docs/benchmarks.md (bench/engine_gpu.py on the GPU machine)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dgstream",
@@ -160,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_status.add_argument("--namespace", default=None)
     p_status.add_argument("--deployment", default="default")
     p_status.set_defaults(func=_cmd_status)
+
+    from topology import commands
+
+    commands.register(sub)
+
+    p_bench = sub.add_parser("bench", help="run the CPU benchmarks (docs/benchmarks.md)")
+    p_bench.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -1,0 +1,95 @@
+"""Each Kafka-facing `dgstream` command run as a subprocess against the real broker:
+produce (validation before sending), tail (results), dlq (inspect, replay), ask (no Kafka)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_helpers import OutputReader, Pipeline, WorkerThread
+
+pytestmark = [pytest.mark.broker]
+
+QUESTIONS = {"toxic": {"type": "noul", "instructions": "Is it toxic?"}}
+
+
+def _dgstream(*args: str, stdin: str | None = None, timeout: float = 120) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "topology.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_produce_tail_dlq_and_replay(
+    pipeline: Pipeline, worker_threads: list[WorkerThread], tmp_path: Path
+) -> None:
+    boot = ",".join(pipeline.conn.bootstrap_servers)
+    good = [{"id": f"cli-{i}", "state": f"text {i}", "questions": QUESTIONS} for i in range(5)]
+    lines = [json.dumps(g) for g in good] + ['{"id": "broken", "state": 7}']
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    # produce: the bad line is refused with its code and line number; the rest are sent.
+    out = _dgstream("produce", pipeline.input, str(path), "--bootstrap", boot)
+    assert out.returncode == 1, out.stderr
+    assert "sent 5, refused 1" in out.stdout
+    assert "line 6: WRONG_TYPE" in out.stderr and "state" in out.stderr
+    # --no-validate sends it anyway: the worker dead-letters it.
+    out = _dgstream(
+        "produce", pipeline.input, "--no-validate", "--bootstrap", boot, stdin=lines[-1] + "\n"
+    )
+    assert out.returncode == 0 and "sent 1, refused 0" in out.stdout
+
+    worker_threads.append(WorkerThread(pipeline.settings()).start())
+    reader: OutputReader = pipeline.reader()
+    reader.read_until(lambda r: len(set(r.keys())) >= 5, 60, "5 results")
+
+    # tail: one readable line per result.
+    out = _dgstream("tail", pipeline.output, "--from-beginning", "--max", "5", "--bootstrap", boot)
+    assert out.returncode == 0, out.stderr
+    assert sorted(line.split()[0] for line in out.stdout.splitlines()) == sorted(
+        g["id"] for g in good
+    )
+    assert all("toxic:" in line for line in out.stdout.splitlines())
+
+    # dlq: the dead letter names its code, field and source; replay sends the original.
+    replay = pipeline.input + "-replay"
+    out = _dgstream(
+        "dlq",
+        pipeline.dead,
+        "--from-beginning",
+        "--max",
+        "1",
+        "--replay-to",
+        replay,
+        "--bootstrap",
+        boot,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "broken  WRONG_TYPE" in out.stdout and f"[{pipeline.input}/" in out.stdout
+    assert "replayed 1" in out.stdout
+    again = OutputReader(pipeline.conn, replay, False)
+    try:
+        again.read_until(lambda r: len(r.records) >= 1, 30, "the replayed message")
+        assert again.records[0].value == lines[-1].encode()
+    finally:
+        again.close()
+
+
+@pytest.mark.model
+def test_ask_answers_locally() -> None:
+    req = json.dumps({"id": "ask-1", "state": "hello", "questions": QUESTIONS})
+    out = _dgstream("ask", req, "--json", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["id"] == "ask-1" and result["answers"]["toxic"]["type"] == "yes_no"
+    bad = _dgstream("ask", '{"id": "x"}')
+    assert bad.returncode == 2
+    assert json.loads(bad.stdout)["error"]["code"] == "MISSING_FIELD"
