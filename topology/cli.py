@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser(
         "demo", help="run the main job on the embedded default model and a local broker"
     )
-    p_demo.add_argument("--events", type=int, default=24, help="events to answer, then exit")
+    p_demo.add_argument(
+        "--events", type=int, default=None, help="answer this many events, then exit"
+    )
     p_demo.set_defaults(func=_cmd_demo)
 
     p_ask = sub.add_parser("ask", help="answer one request (JSON) locally, without Kafka")

@@ -1,193 +1,199 @@
-"""`dgstream demo`: the main job on the embedded default, end to end on this machine.
+"""`dgstream demo`: the main job on this machine, end to end.
 
 1. Start a real Kafka broker on loopback (its own state folder, a free port).
-2. Create the request, result and dead-letter topics.
-3. Produce sample moderation events (and one malformed message).
-4. Consume them in a consumer group, answer each micro-batch with the embedded engine in
-   one denoising step per read, publish results and dead letters, then commit.
-5. Print a table of answers with probabilities and a summary; stop the broker.
+2. Start a local Ray cluster (token authentication on, the dashboard on 127.0.0.1).
+3. Start the moderation topology's controller; it creates the topics and starts a worker
+   (a Ray actor) with the embedded demo model.
+4. Produce sample events (and one malformed message) with the truth in their metadata.
+5. Show answers as they arrive, with probabilities and whether they match the truth.
+6. With `--events N`: once N are answered, print a summary and stop everything. Ctrl-C
+   stops everything too. Nothing is left running.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from schemas import ClassificationRequest, ClassificationResult, DeadLetter, parse_request
+from schemas import ClassificationResult, DeadLetter
 
-REQUESTS, RESULTS, DEAD = "dgstream.requests", "dgstream.results", "dgstream.dead-letters"
-
-MODERATION: dict[str, Any] = {
-    "toxic": {
-        "type": "noul",
-        "instructions": "Does the message insult or attack someone?",
-        "criteria": {"true": "insults, slurs, threats", "false": "polite or neutral"},
-    },
-    "category": {
-        "type": "choice",
-        "instructions": "What kind of message is it?",
-        "criteria": {"spam": "ads, links, offers", "abuse": "insults", "normal": None},
-    },
-    "severity": {
-        "type": "score",
-        "instructions": "How severe is the problem?",
-        "criteria": ["none", "mild", "serious", "extreme"],
-    },
-}
-
-_STATES = [
-    "hello friends, the game today was great",
-    "you are a stupid idiot and a loser",
-    "FREE MONEY NOW!!! click https://www.win.com/prize",
-    "the weather is cold, rain and snow today",
-    "buy cheap discount deal now, visit www.shop.com",
-    "I hate you, you dumb fool!!!",
-    "thanks for the song, the band was good",
-    "please call the doctor about the medicine",
-]
+REQUESTS, RESULTS, DEAD = "demo.requests", "demo.results", "demo.dead-letters"
+# The checkpoint in workers/engine/weights/demo (docs/benchmarks.md has its accuracy).
+DEMO_MODEL = "demo"
 
 
-def sample_events(n: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": f"event-{i:05d}",
-            "state": _STATES[i % len(_STATES)],
-            "questions": MODERATION,
-            "metadata": {"source": "demo", "seq": i},
-        }
-        for i in range(n)
-    ]
+def topology(bootstrap: str, model: str) -> dict[str, Any]:
+    from workers.demo_tasks import MODERATION_QUESTIONS
+
+    return {
+        "kafka": {"bootstrap_servers": [bootstrap]},
+        "ray": {"namespace": "dgstream-demo", "deployment": "demo"},
+        "question_sets": {"moderation": MODERATION_QUESTIONS},
+        "pipelines": [
+            {
+                "name": "moderation",
+                "input_topics": [REQUESTS],
+                "output_topic": RESULTS,
+                "dead_letter_topic": DEAD,
+                "consumer_group": "dgstream-demo",
+                "topics": {"partitions": 2},
+                "question_sets": ["moderation"],
+                "engine": {"backend": "transformers", "model": model, "device": "cpu"},
+                # Small batches keep the table moving on a 2-core machine.
+                "batching": {"max_records": 8, "max_wait_ms": 20, "max_in_flight": 2},
+                "resources": {"gpus": 0, "cpus": 1},
+                "replicas": {"min": 1, "max": 1},
+                "autoscale": {"poll_interval_s": 2},
+            }
+        ],
+    }
 
 
-def _answer_cell(answer: Any) -> str:
-    kind = answer.type
+def _cell(answer: dict[str, Any], truth: str | None) -> str:
+    kind = answer["type"]
     if kind == "yes_no":
-        return f"{answer.label} (p_yes {answer.p_yes:.2f})"
-    if kind == "choice":
-        return f"{answer.choice} ({answer.confidence:.2f})"
-    if kind == "score":
-        return f"{answer.level} (E {answer.expected_score:.2f})"
-    return "skipped"
+        got, text = answer["label"], f"{answer['label']} {answer['p_yes']:.2f}"
+    elif kind == "choice":
+        got, text = answer["choice"], f"{answer['choice'][:7]} {answer['confidence']:.2f}"
+    elif kind == "score":
+        got, text = answer["level"], f"{answer['level']} {answer['expected_score']:.1f}"
+    else:
+        return "skipped"
+    mark = "" if truth is None else (" ok" if got == truth else " x")
+    return text + mark
 
 
-def run_demo(events: int = 24, *, engine_model: str | None = None, batch: int = 16) -> int:
+def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
+    import ray
     from kafka import KafkaConsumer, KafkaProducer
 
     from infra.kafka import broker
-    from workers.engine.factory import EngineSettings, build_classifier
+    from topology.controller import start_controller
+    from workers.demo_tasks import MODERATION_QUESTIONS, sample_events
     from workers.kafka_admin import ensure_topics
 
-    home = tempfile.mkdtemp(prefix="dgstream-demo-")
     t0 = time.perf_counter()
-    print("1. starting a Kafka broker on 127.0.0.1 ...", flush=True)
-    info = broker.start(home=home, port=0)
+    home = tempfile.mkdtemp(prefix="dgstream-demo-")
+    ray_tmp = tempfile.mkdtemp(prefix="dgdemo-", dir="/tmp")  # short: holds socket paths
+    ctl = None
+    answered: dict[str, ClassificationResult] = {}
+    dead: list[DeadLetter] = []
     try:
+        print("1. starting a Kafka broker on 127.0.0.1 ...", flush=True)
+        info = broker.start(home=home, port=0)
         print(f"   ready at {info.bootstrap} in {info.start_seconds:.1f}s", flush=True)
-        ensure_topics(info.bootstrap, {REQUESTS: 3, RESULTS: 3, DEAD: 1})
-        print("2. loading the embedded engine ...", flush=True)
-        settings = EngineSettings(model=engine_model) if engine_model else EngineSettings()
-        classifier = build_classifier(settings, worker="demo")
-        producer = KafkaProducer(
-            bootstrap_servers=info.bootstrap, acks="all", enable_idempotence=True
+
+        print("2. starting a local Ray cluster (token authentication on) ...", flush=True)
+        ctx = ray.init(
+            address="local",
+            namespace="dgstream-demo",
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            _temp_dir=ray_tmp,
+            log_to_driver=False,
         )
-        print(f"3. producing {events} events and one malformed message ...", flush=True)
-        for ev in sample_events(events):
+        print(f"   Ray dashboard: http://{ctx.dashboard_url}", flush=True)
+
+        print("3. starting the moderation topology (controller and worker) ...", flush=True)
+        topo = topology(info.bootstrap, model)
+        ensure_topics(info.bootstrap, {REQUESTS: 2, RESULTS: 2, DEAD: 1})
+        ctl = start_controller(topo, "demo", "dgstream-demo")
+
+        n = events if events is not None else 1_000_000
+        print(f"4. producing {min(n, 10_000) if events else 'sample'} events ...", flush=True)
+        producer = KafkaProducer(bootstrap_servers=info.bootstrap, acks="all")
+        batch = sample_events(events if events is not None else 50, seed=int(time.time()) % 997)
+        for ev in batch:
             producer.send(REQUESTS, key=ev["id"].encode(), value=json.dumps(ev).encode())
-        producer.send(REQUESTS, key=b"bad", value=b'{"id": "bad-1", "state": 42}')
+        producer.send(REQUESTS, key=b"bad-1", value=b'{"id": "bad-1", "state": 42}')
         producer.flush()
-        consumer = KafkaConsumer(
-            REQUESTS,
-            bootstrap_servers=info.bootstrap,
-            group_id="dgstream-demo",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=batch,
-        )
-        print("4. answering in micro-batches (one denoising step per read) ...", flush=True)
-        results: list[ClassificationResult] = []
-        dead: list[DeadLetter] = []
-        deadline = time.monotonic() + 300
-        while len(results) + len(dead) < events + 1 and time.monotonic() < deadline:
-            polled = consumer.poll(timeout_ms=500)
-            records = [r for part in polled.values() for r in part]
-            if not records:
-                continue
-            good: list[tuple[Any, ClassificationRequest]] = []
-            for rec in records:
-                parsed = parse_request(rec.value)
-                if isinstance(parsed, ClassificationRequest):
-                    good.append((rec, parsed))
-                else:
-                    dl = DeadLetter.build(
-                        parsed,
-                        rec.value,
-                        rec.topic,
-                        rec.partition,
-                        rec.offset,
-                        rec.key,
-                        rec.timestamp,
-                        "demo",
-                    )
-                    producer.send(DEAD, key=rec.key, value=dl.model_dump_json().encode())
-                    dead.append(dl)
-            answers = asyncio.run(classifier.classify([req for _, req in good]))
-            for (rec, _), res in zip(good, answers, strict=True):
-                if isinstance(res, ClassificationResult):
-                    producer.send(RESULTS, key=rec.key, value=res.model_dump_json().encode())
-                    results.append(res)
-                else:
-                    dl = DeadLetter.build(
-                        res,
-                        rec.value,
-                        rec.topic,
-                        rec.partition,
-                        rec.offset,
-                        rec.key,
-                        rec.timestamp,
-                        "demo",
-                    )
-                    producer.send(DEAD, key=rec.key, value=dl.model_dump_json().encode())
-                    dead.append(dl)
-            producer.flush()  # results acknowledged first ...
-            consumer.commit()  # ... then the offsets that produced them
-        consumer.close()
         producer.close()
-        _print_table(results, dead, {ev["id"]: ev["state"] for ev in sample_events(events)})
-        print(
-            f"5. {len(results)} answered, {len(dead)} dead-lettered, "
-            f"{time.perf_counter() - t0:.1f}s in all; model {classifier.engine.info.model}",
-            flush=True,
+
+        consumer = KafkaConsumer(
+            RESULTS,
+            DEAD,
+            bootstrap_servers=info.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
         )
-        return 0 if len(results) == events and len(dead) == 1 else 1
+        qids = list(MODERATION_QUESTIONS)
+        print("5. answers (one denoising step each; 'ok'/'x' against the truth):", flush=True)
+        print("   " + "  ".join(f"{q[:12]:16s}" for q in ["id", *qids]), flush=True)
+        want = len(batch)
+        deadline = time.monotonic() + 600
+        while len(answered) < want and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for rec in records:
+                    if tp.topic == DEAD:
+                        dl = DeadLetter.model_validate_json(rec.value)
+                        dead.append(dl)
+                        print(f"   dead letter: {dl.error.code}: {dl.error.message}", flush=True)
+                        continue
+                    res = ClassificationResult.model_validate_json(rec.value)
+                    if res.id in answered:
+                        continue
+                    answered[res.id] = res
+                    truth = res.metadata.get("truth", {})
+                    cells = [_cell(res.answers[q].model_dump(), truth.get(q)) for q in qids]
+                    print(
+                        "   " + "  ".join(f"{c[:14]:14s}" for c in [res.id[-8:], *cells]),
+                        flush=True,
+                    )
+        consumer.close()
+        _summary(answered, dead, qids, time.perf_counter() - t0)
+        status = ray.get(ctl.status.remote(), timeout=60)
+        p = status["pipelines"]["moderation"]
+        print(f"   pool: {p['replicas']} worker(s): {', '.join(p['workers'])}", flush=True)
+        return 0 if len(answered) == want and len(dead) == 1 else 1
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 130
     finally:
+        if ctl is not None:
+            with contextlib.suppress(Exception):
+                ray.get(ctl.shutdown.remote(True), timeout=120)
+            ray.kill(ctl, no_restart=True)
+        if ray.is_initialized():
+            ray.shutdown()
         broker.stop(home=home)
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        print(f"6. stopped everything ({time.perf_counter() - t0:.1f}s in all)", flush=True)
 
 
-def _print_table(
-    results: Sequence[ClassificationResult], dead: Sequence[DeadLetter], states: dict[str, str]
+def _summary(
+    answered: dict[str, ClassificationResult],
+    dead: list[DeadLetter],
+    qids: list[str],
+    seconds: float,
 ) -> None:
-    width = min(shutil.get_terminal_size((120, 20)).columns, 160)
-    header = f"{'id':12s} {'toxic':18s} {'category':18s} {'severity':18s} state"
-    print(header[:width])
-    print("-" * min(len(header) + 20, width))
-    for res in sorted(results, key=lambda r: r.id):
-        a = res.answers
-        row = (
-            f"{res.id:12s} {_answer_cell(a['toxic']):18s} {_answer_cell(a['category']):18s} "
-            f"{_answer_cell(a['severity']):18s} {states.get(res.id, '')}"
-        )
-        print(row[:width])
-    for dl in dead:
-        print(f"dead letter: {dl.error.code} {dl.error.message}"[:width])
+    right = dict.fromkeys(qids, 0)
+    for res in answered.values():
+        truth = res.metadata.get("truth", {})
+        for q in qids:
+            a = res.answers[q].model_dump()
+            got = a.get("label") or a.get("choice") or a.get("level")
+            right[q] += int(got == truth.get(q))
+    n = max(len(answered), 1)
+    acc = ", ".join(f"{q} {right[q] / n:.0%}" for q in qids)
+    print(
+        f"   {len(answered)} answered, {len(dead)} dead-lettered in {seconds:.1f}s; "
+        f"agreement with the truth: {acc}",
+        flush=True,
+    )
 
 
-def main(events: int) -> int:
+def main(events: int | None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ray reads its authentication mode when it is imported: set it first. Ray's servers
+    # listen on every interface of the machine; the token keeps strangers out.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     return run_demo(events)
