@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ask.add_argument("request", nargs="?", help="the request JSON (default: stdin)")
     p_ask.add_argument("--json", action="store_true", help="print the whole result record")
     p_ask.add_argument("--backend", default="transformers")
-    p_ask.add_argument("--model", default="tiny-random")
+    p_ask.add_argument("--model", default="demo")
     p_ask.add_argument("--device", default="auto")
     p_ask.set_defaults(func=_cmd_ask)
 

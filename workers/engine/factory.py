@@ -22,9 +22,10 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     backend: Backend = "transformers"
-    # transformers: a built-in model name (see workers.engine.models.SPECS) or a local
-    # directory with a DiffusionGemma checkpoint and its tokenizer.
-    model: str = "tiny-random"
+    # transformers: a built-in model name (see workers.engine.models.SPECS: "demo", trained
+    # on the demo tasks; "tiny-random", random weights for speed) or a local directory with
+    # a DiffusionGemma checkpoint and its tokenizer.
+    model: str = "demo"
     device: str = "auto"  # "auto" = CUDA when present
     dtype: str | None = None  # default: bf16 on CUDA, fp32 on the CPU
     # Reads per forward pass. 64 keeps a tiny model's CPU batches quick; on an H200 the
