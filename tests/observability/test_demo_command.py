@@ -1,0 +1,32 @@
+"""`dgstream demo --events N` end to end as a subprocess: it answers N events, dead-letters
+the malformed one, exits 0 and leaves no broker or Ray process behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.broker, pytest.mark.model, pytest.mark.slow]
+
+
+def _leftovers() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if "dgdemo-" in ln or "dgstream-demo-" in ln]
+
+
+def test_demo_answers_and_cleans_up() -> None:
+    assert not _leftovers()
+    proc = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "demo", "--events", "6"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "6 answered, 1 dead-lettered" in proc.stdout
+    assert "dead letter: WRONG_TYPE" in proc.stdout
+    assert "Ray dashboard: http://127.0.0.1:" in proc.stdout
+    assert "stopped everything" in proc.stdout
+    assert not _leftovers()
