@@ -26,7 +26,7 @@ import copy
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -323,40 +323,29 @@ class TransformersEngine:
         return out
 
 
-def _select_rows(cache: Any, rows: Any) -> Any:
-    """A new cache whose batch rows are `cache`'s `rows` (the source is left unchanged)."""
+def _remap(cache: Any, fn: Callable[[Any], Any]) -> Any:
+    """A new cache whose key and value tensors are `fn` of `cache`'s (the source is left
+    unchanged: the decoder and later batches may still read it)."""
     new = copy.copy(cache)
     layers = []
     for layer in cache.layers:
         nl = copy.copy(layer)
-        if (
-            getattr(layer, "is_initialized", False)
-            and layer.keys is not None
-            and layer.keys.numel()
-        ):
-            nl.keys = layer.keys.index_select(0, rows)
-            nl.values = layer.values.index_select(0, rows)
+        if getattr(layer, "is_initialized", False) and layer.keys is not None:
+            if layer.keys.numel():
+                nl.keys, nl.values = fn(layer.keys), fn(layer.values)
         layers.append(nl)
     new.layers = layers
     return new
+
+
+def _select_rows(cache: Any, rows: Any) -> Any:
+    """The cache's batch rows `rows` (a copy)."""
+    return _remap(cache, lambda t: t.index_select(0, rows))
 
 
 def _broadcast(cache: Any, batch: int) -> Any:
     """A batch-`batch` view of a batch-1 cache (no copy until the encoder appends)."""
-    new = copy.copy(cache)
-    layers = []
-    for layer in cache.layers:
-        nl = copy.copy(layer)
-        if (
-            getattr(layer, "is_initialized", False)
-            and layer.keys is not None
-            and layer.keys.numel()
-        ):
-            nl.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
-            nl.values = layer.values.expand(batch, *layer.values.shape[1:])
-        layers.append(nl)
-    new.layers = layers
-    return new
+    return _remap(cache, lambda t: t.expand(batch, *t.shape[1:]))
 
 
 def label_logits_reference(model: Any, prompt_ids: Sequence[int], canvas_ids: Sequence[int]) -> Any:
