@@ -330,9 +330,9 @@ def _remap(cache: Any, fn: Callable[[Any], Any]) -> Any:
     layers = []
     for layer in cache.layers:
         nl = copy.copy(layer)
-        if getattr(layer, "is_initialized", False) and layer.keys is not None:
-            if layer.keys.numel():
-                nl.keys, nl.values = fn(layer.keys), fn(layer.values)
+        ready = getattr(layer, "is_initialized", False) and layer.keys is not None
+        if ready and layer.keys.numel():
+            nl.keys, nl.values = fn(layer.keys), fn(layer.values)
         layers.append(nl)
     new.layers = layers
     return new
