@@ -7,7 +7,16 @@ from zero only when lag > activation lag;
 scale out to the LOWEST recommendation of the scale-out window, scale in to the HIGHEST of
 the scale-in window (the HPA's stabilization), so a brief dip never shrinks the pool and a
 brief spike only grows it once the window agrees.
-A failed lag query is not a lag of zero: the size stays and the decision says why.
+A failed lag query is not a lag of zero: the size stays and the decision says why, and
+scale-in then waits for a whole window of measurements again.
+
+Lag alone cannot hold a steady load: a pool that keeps up has almost no lag, so the lag
+asks for the minimum, the pool shrinks after the window, the lag builds up again and the
+pool grows: it flaps with a period of about one scale-in window. So scale-in also keeps
+the replicas the work needs now: `busy` (the pool's engine-seconds per second, i.e. how
+many replicas' worth of engine time the current load uses) over `busy_target` (the
+utilization one replica may run at). It only holds replicas; scale-out stays lag-driven,
+so noise in `busy` never grows the pool.
 """
 
 from __future__ import annotations
@@ -25,6 +34,11 @@ class Policy:
     activation_lag: int = 0
     scale_out_window_s: float = 0.0
     scale_in_window_s: float = 300.0
+    # A replica counts as needed while the load keeps its engine busy more than this
+    # share of the time. 0.8: the HPA's usual utilization targets are 0.5-0.8; the high
+    # end, because the lag term grows the pool again whenever it falls short, and 20% of
+    # headroom absorbs the noise of a measurement over a few engine calls.
+    busy_target: float = 0.8
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,8 @@ class Decision:
     lag: int | None
     recommendation: int | None
     reason: str
+    # Replicas the engines' load needs (ceil(busy / busy_target)); None when not measured.
+    needed: int | None = None
 
     @property
     def changes(self) -> bool:
@@ -44,7 +60,7 @@ class Decision:
 @dataclass
 class Autoscaler:
     policy: Policy
-    _history: deque[tuple[float, int]] = field(default_factory=deque)
+    _history: deque[tuple[float, int, int]] = field(default_factory=deque)  # (t, rec, hold)
     _since: float | None = None  # first decision: a window needs that much history
 
     def recommend(self, lag: int, partitions: int, gpus: int) -> tuple[int, str]:
@@ -73,10 +89,18 @@ class Autoscaler:
         gpus: int,
         *,
         error: str = "",
+        busy: float | None = None,
     ) -> Decision:
-        """The size the pool should have now; `lag=None` when the query failed."""
+        """The size the pool should have now; `lag=None` when the query failed.
+
+        `busy`: replicas' worth of engine time the load uses now (engine-seconds per
+        second over the pool); it holds replicas against scale-in (see the module doc)."""
         p = self.policy
         if lag is None:
+            # Nothing is known about the time without a measurement: after it, scale-in
+            # waits for a whole window of measurements again.
+            self._since = None
+            self._history.clear()
             return Decision(
                 now,
                 current,
@@ -89,14 +113,26 @@ class Autoscaler:
         rec, why = self.recommend(lag, partitions, gpus)
         if current == 0 and lag <= p.activation_lag and p.min_replicas == 0:
             rec, why = 0, f"lag {lag} <= activation {p.activation_lag}: stay inactive"
+        cap = max(0, min(p.max_replicas, partitions, gpus))
+        # What scale-in may go down to: the lag's recommendation, or the replicas the
+        # engines' load needs, whichever is higher.
+        hold, needed = rec, None
+        if busy is not None:
+            needed = min(cap, math.ceil(busy / p.busy_target - 1e-9)) if busy > 0 else 0
+            if needed > rec:
+                hold = needed
+                why += (
+                    f"; engines busy {busy:.2f} replicas' worth / target "
+                    f"{p.busy_target:g} -> hold {needed}"
+                )
         if self._since is None:
             self._since = now
-        self._history.append((now, rec))
+        self._history.append((now, rec, hold))
         horizon = max(p.scale_out_window_s, p.scale_in_window_s)
         while self._history and self._history[0][0] < now - horizon:
             self._history.popleft()
-        out_window = [r for t, r in self._history if t >= now - p.scale_out_window_s]
-        in_window = [r for t, r in self._history if t >= now - p.scale_in_window_s]
+        out_window = [r for t, r, _ in self._history if t >= now - p.scale_out_window_s]
+        in_window = [h for t, _, h in self._history if t >= now - p.scale_in_window_s]
         desired = current
         reason = f"keep {current}: {why}"
         if rec > current:
@@ -105,10 +141,10 @@ class Autoscaler:
                 reason = f"scale out {current} -> {desired}: {why}"
             else:
                 reason = f"keep {current}: {why}; waiting out the scale-out window"
-        elif rec < current and now - self._since < p.scale_in_window_s:
+        elif hold < current and now - self._since < p.scale_in_window_s:
             reason = f"keep {current}: {why}; not yet a full scale-in window of history"
-        elif rec < current:
-            desired = min(current, max(in_window or [rec]))
+        elif hold < current:
+            desired = min(current, max(in_window or [hold]))
             if desired < current:
                 reason = f"scale in {current} -> {desired}: {why}"
             else:
@@ -117,10 +153,9 @@ class Autoscaler:
                     f"{p.scale_in_window_s:.0f}s not yet calm"
                 )
         # The floor and the cap hold even against the windows.
-        cap = max(0, min(p.max_replicas, partitions, gpus))
         floor = min(p.min_replicas, cap)
         if desired > cap:
             desired, reason = cap, f"scale in {current} -> {cap}: above the cap ({why})"
         elif desired < floor:
             desired, reason = floor, f"scale out {current} -> {floor}: below min_replicas"
-        return Decision(now, current, desired, lag, rec, reason)
+        return Decision(now, current, desired, lag, rec, reason, needed)

@@ -51,11 +51,14 @@ def _cmd_ask(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
+    import os
     import time
+    from pathlib import Path
 
     import ray
+    import yaml
 
-    from topology.controller import start_controller
+    from topology.controller import start_controller, stop_controller
     from topology.spec import SpecError, load_topology
 
     try:
@@ -63,30 +66,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # The controller runs in its own process: hand it the secrets the Kafka section names
+    # (only those), checked here so that a missing one fails now, not in the actor.
+    names = [n for n in (topo.kafka.sasl_password_env, topo.kafka.ssl_password_env) if n]
+    missing = [n for n in names if n not in os.environ]
+    if missing:
+        print(f"error: environment variable(s) not set: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    environ = {n: os.environ[n] for n in names}
     address = args.address or topo.ray.address
-    topo.ray.model_copy(update={"address": address}).init()
-    from pathlib import Path
-
-    import yaml
-
+    try:
+        topo.ray.model_copy(update={"address": address}).init(log_to_driver=False)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     raw = yaml.safe_load(Path(args.topology).read_text())
-    ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace)
-    print(f"controller {topo.ray.deployment} started in namespace {topo.ray.namespace}")
+    ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace, environ or None)
+    try:
+        ray.get(ctl.ping.remote(), timeout=120)
+    except Exception as exc:
+        print(f"error: the controller did not start: {exc}", file=sys.stderr)
+        return 1
+    print(f"controller {topo.ray.deployment} running in namespace {topo.ray.namespace}")
     if args.detach:
         return 0
     try:
         while True:
             st = ray.get(ctl.status.remote(), timeout=60)
             line = {
-                n: (p["replicas"], p["lag"], p["throughput_per_s"])
+                n: {"replicas": p["replicas"], "lag": p["lag"], "req/s": p["throughput_per_s"]}
                 for n, p in st["pipelines"].items()
             }
             print(json.dumps(line), flush=True)
             time.sleep(args.interval)
     except KeyboardInterrupt:
         print("stopping: draining workers ...", file=sys.stderr)
-        ray.get(ctl.shutdown.remote(True), timeout=300)
-        ray.kill(ctl, no_restart=True)
+        stop_controller(ctl, drain=True, timeout_s=300)
         return 0
 
 
@@ -96,26 +111,56 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import ray
 
     from topology.controller import DEFAULT_NAMESPACE, get_controller
+    from topology.spec import RaySpec, SpecError, load_topology
 
-    ray.init(
-        address=args.address or "auto",
-        namespace=args.namespace or DEFAULT_NAMESPACE,
-        log_to_driver=False,
+    spec = RaySpec(address="auto", namespace=DEFAULT_NAMESPACE)
+    if args.topology is not None:
+        try:
+            spec = load_topology(args.topology).ray
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    spec = spec.model_copy(
+        update={
+            "address": args.address or spec.address or "auto",
+            "namespace": args.namespace or spec.namespace,
+            "deployment": args.deployment or spec.deployment,
+        }
     )
     try:
-        ctl = get_controller(args.deployment, args.namespace or DEFAULT_NAMESPACE)
-    except ValueError:
-        print(f"no controller named {args.deployment!r} is running", file=sys.stderr)
-        return 3
-    st = ray.get(ctl.status.remote(), timeout=60)
+        spec.init(log_to_driver=False, logging_level="WARNING")
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ConnectionError as exc:  # unreachable, or refused (token authentication)
+        print(f"error: cannot connect to Ray at {spec.address}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        try:
+            ctl = get_controller(spec.deployment, spec.namespace)
+        except ValueError:
+            print(
+                f"no controller named {spec.deployment!r} is running in namespace "
+                f"{spec.namespace!r}",
+                file=sys.stderr,
+            )
+            return 3
+        st = ray.get(ctl.status.remote(), timeout=60)
+    finally:
+        ray.shutdown()
     if args.json:
         print(json.dumps(st, indent=2, default=str))
         return 0
-    print(f"{'pipeline':16s} {'replicas':>8s} {'lag':>10s} {'req/s':>8s}  last decision")
+    print(
+        f"{'pipeline':16s} {'replicas':>8s} {'ready':>5s} {'lag':>10s} {'req/s':>8s}  last decision"
+    )
     for name, p in st["pipelines"].items():
         last = p["decisions"][-1]["reason"] if p["decisions"] else ""
         lag = "?" if p["lag"] is None else str(p["lag"])
-        print(f"{name:16s} {p['replicas']:>8d} {lag:>10s} {p['throughput_per_s']:>8.1f}  {last}")
+        print(
+            f"{name:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
+            f"{p['throughput_per_s']:>8.1f}  {last}"
+        )
     return 0
 
 
@@ -168,10 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.set_defaults(func=_cmd_run)
 
     p_status = sub.add_parser("status", help="pipelines, replicas, lag, throughput")
-    p_status.add_argument("--json", action="store_true")
-    p_status.add_argument("--address", default=None)
-    p_status.add_argument("--namespace", default=None)
-    p_status.add_argument("--deployment", default="default")
+    p_status.add_argument("--json", action="store_true", help="the whole status as JSON")
+    p_status.add_argument(
+        "--topology",
+        "-t",
+        default=None,
+        help="take the deployment, namespace, address and token from this file's ray section",
+    )
+    p_status.add_argument("--address", default=None, help="Ray address (default: auto)")
+    p_status.add_argument("--namespace", default=None, help="default: dgstream")
+    p_status.add_argument("--deployment", default=None, help="default: default")
     p_status.set_defaults(func=_cmd_status)
 
     from topology import commands

@@ -2,19 +2,28 @@
 pool of workers sized to its backlog.
 
 Per pipeline, every `autoscale.poll_interval_s` (numbered as in `PipelineRunner.tick`):
+0. Once: create the missing topics (the spec's partitions and replication factor) and
+   adopt the replicas a previous controller of this deployment left running.
 1. Measure the group's lag from Kafka (end offset - committed offset, summed). A failed
-   query is not a lag of zero: the size stays and the decision says why.
-2. Count the GPUs that can be had: free in the cluster plus those this pipeline holds.
+   query is not a lag of zero: the size stays and the decision says why. Ask every
+   replica for its counters at once (bounded wait): requests finished per second and
+   engine-seconds per second ("busy": replicas' worth of engine time the load uses).
+2. Count the replicas that could run: those this pipeline holds plus those the free
+   resources (GPUs, CPUs, custom) fit.
 3. Decide the size (`topology.autoscaler`): ceil(lag / target), within min, max,
-   partitions and GPUs, with activation and stabilization windows.
-4. Apply it: start replicas (asking Ray's autoscaler for GPUs when the cluster lacks
-   them), or drain the highest replicas (stop fetching, finish, commit, leave) and remove.
-5. Check health: a replica whose actor is gone for good is started again.
-6. Publish status and metrics: replicas, desired, lag, throughput, recent decisions.
+   partitions and GPUs, with activation and stabilization windows; scale-in also keeps
+   the replicas the engines' load needs.
+4. Apply it: ask Ray's autoscaler for the GPUs the lag wants when the cluster lacks them
+   (`request_resources`, a hint: a fixed cluster ignores it); start replicas, or drain
+   the highest ones (stop fetching, finish, commit, leave) and remove them.
+5. Check health: a replica whose actor is dead for good (not restarting: Ray restarts a
+   crashed worker by itself), or alive but stopped, is started again under the same name.
+6. Publish: the tick's record (status, history) and Ray metrics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -31,11 +40,31 @@ from workers.kafka_settings import KafkaConnection
 
 CONTROLLER_PREFIX = "dgstream-controller"
 DEFAULT_NAMESPACE = "dgstream"
-# Recent decisions kept for `status()`: a few minutes of history at a 5 s poll.
-_DECISIONS_KEPT = 50
-# A replica that does not answer a ping within this long is checked again next tick; Ray
-# restarts crashed actors by itself (max_restarts=-1), so only a dead one is replaced.
-_PING_TIMEOUT_S = 10.0
+# Decisions shown by `status()`: the last minute at the default 5 s poll.
+_DECISIONS_IN_STATUS = 12
+# Every tick's record, for `history()`: an hour at a 2 s poll (the tests'), 2.5 hours at
+# the default 5 s; a record is a few hundred bytes.
+_TIMELINE_KEPT = 1800
+# How long a tick waits for the replicas' counters: at most this, and at most half the
+# poll interval, so that a tick ends within its interval even while replicas are still
+# starting (a new actor answers only after its constructor: imports, engine, group join).
+_STATUS_WAIT_S = 10.0
+_STATUS_WAIT_SHARE = 0.5
+# A lag query (and the admin client's connection) gives up after this long: far above
+# one on a healthy cluster (tens of milliseconds here), and short enough that a broker
+# outage still yields a "lag unknown" decision every few seconds.
+_LAG_TIMEOUT_S = 5.0
+# Throughput and busy are rates over at least this span: several engine calls (a full
+# 16-record batch of the tests' fake engine takes 1.6 s) and short against the scale-in
+# window (20 s in the tests, 300 s by default).
+_RATE_SPAN_S = 10.0
+# A replica being drained gets the worker's default drain timeout
+# (WorkerSettings.drain_timeout_s), plus this margin for closing its clients.
+_DRAIN_TIMEOUT_S = 60.0
+_DRAIN_MARGIN_S = 15.0
+# After ray.kill, the actor's name is released once the GCS sees it dead (milliseconds
+# to a second here); a new replica waits for the name at most this long.
+_NAME_RELEASE_S = 10.0
 
 
 def controller_name(deployment: str) -> str:
@@ -45,9 +74,20 @@ def controller_name(deployment: str) -> str:
 @dataclass
 class _Replica:
     index: int
+    name: str
     handle: Any
     started: float
     draining: bool = False
+    ready: bool = False  # its last status said "running"
+    state: str = "starting"
+    actor_id: str | None = None
+    # Counters at the last status, and when it was read (None: never).
+    done: int = 0
+    busy_s: float = 0.0
+    seen_at: float | None = None
+    # A status call not answered yet (a starting or busy actor): asked again only once
+    # it has answered, so calls never pile up behind a constructor.
+    pending: Any = None
 
 
 @dataclass
@@ -60,13 +100,25 @@ class PipelineRunner:
     namespace: str
     clock: Callable[[], float] = time.monotonic
     replicas: dict[int, _Replica] = field(default_factory=dict)
-    decisions: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_DECISIONS_KEPT))
+    timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_TIMELINE_KEPT))
     lag: int | None = None
     lag_error: str = ""
     partitions: int = 0
     throughput: float = 0.0
+    busy: float | None = None
     restarts: int = 0
-    _answered: tuple[float, int] | None = None
+    scaling_decisions: int = 0
+    # Bundles this pipeline wants from Ray's autoscaler ([] = nothing beyond what it has).
+    resource_request: list[dict[str, float]] = field(default_factory=list)
+    topics_ready: bool = False
+    setup_error: str = ""
+    _adopted: bool = False
+    _admin: Any = None
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _done_total: int = 0
+    _busy_total: float = 0.0
+    _samples: deque[tuple[float, int, float]] = field(default_factory=deque)
+    _events: list[str] = field(default_factory=list)
     _drains: list[threading.Thread] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -109,184 +161,418 @@ class PipelineRunner:
     def actor_name(self, replica: int) -> str:
         return f"dgstream-{self.spec.name}-{replica}"
 
+    def bundle(self) -> dict[str, float]:
+        """What one replica asks Ray for (the resources with a positive amount)."""
+        r = self.spec.resources
+        out = {"GPU": float(r.gpus), "CPU": float(r.cpus), **r.custom}
+        return {k: float(v) for k, v in out.items() if v > 0}
+
     # ------------------------------------------------------------------ the loop
 
     def tick(self) -> Decision:
-        now = self.clock()
-        # 1. lag from Kafka
+        now, wall = self.clock(), time.time()
+        self._events = []
+        # 0. once: topics, and the replicas a previous controller left
+        self._setup()
+        # 1. measure: the lag from Kafka, the replicas' counters
         self._measure_lag()
-        # 2. GPUs that can be had
-        capacity = self._capacity()
+        dead = self._poll_replicas(now)
+        # 2. replicas that could run
+        capacity = self._capacity(dead)
         # 3. decide
         running = self._running()
         decision = self.autoscaler.decide(
-            now, len(running), self.lag, max(self.partitions, 1), capacity, error=self.lag_error
+            now,
+            len(running),
+            self.lag,
+            self._partition_count(),
+            capacity,
+            error=self.lag_error,
+            busy=self.busy,
         )
         # 4. apply
+        self._want_resources(capacity, len(running))
         if decision.desired > len(running):
-            self._scale_out(decision.desired, capacity)
+            self._scale_out(decision.desired)
         elif decision.desired < len(running):
             self._scale_in(decision.desired)
         # 5. health
-        self._check_health()
-        # 6. status
-        self._measure_throughput(now)
-        self.decisions.append(
-            {
-                "time": time.time(),
-                "current": decision.current,
-                "desired": decision.desired,
-                "lag": decision.lag,
-                "reason": decision.reason,
-                "changed": decision.changes,
-            }
-        )
+        self._replace_dead(dead)
+        # 6. publish
+        self._record(decision, wall)
         self._publish_metrics(decision)
         return decision
+
+    # 0 ----------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        if not self.topics_ready:
+            from workers.kafka_admin import ensure_topics
+
+            s = self.spec
+            n, rf = s.topics.partitions, s.topics.replication_factor
+            topics = dict.fromkeys(s.input_topics, n)
+            topics.update({s.output_topic: n, s.dead_letter_topic: 1})
+            try:
+                ensure_topics(
+                    self._admin_client(), topics, replication_factor=rf, timeout_s=_LAG_TIMEOUT_S
+                )
+                self.topics_ready, self.setup_error = True, ""
+            except Exception as exc:  # the broker may be down: try again next tick
+                self._close_admin()
+                self.setup_error = f"topics: {type(exc).__name__}: {exc}"
+        if not self._adopted:
+            # Replicas of this pipeline already running under our names (a restarted
+            # controller): adopt them rather than fail on their names.
+            prefix = f"dgstream-{self.spec.name}-"
+            for entry in ray.util.list_named_actors(all_namespaces=True):
+                name = entry["name"]
+                if entry["namespace"] != self.namespace or not name.startswith(prefix):
+                    continue
+                suffix = name[len(prefix) :]
+                if not suffix.isdigit() or int(suffix) in self.replicas:
+                    continue
+                try:
+                    handle = ray.get_actor(name, namespace=self.namespace)
+                except ValueError:
+                    continue
+                index = int(suffix)
+                with self._lock:
+                    self.replicas[index] = _Replica(index, name, handle, self.clock())
+                self._events.append(f"adopted {name}")
+            self._adopted = True
+
+    # 1 ----------------------------------------------------------------------------
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            from kafka import KafkaAdminClient
+
+            ms = int(_LAG_TIMEOUT_S * 1000)
+            self._admin = KafkaAdminClient(
+                **self.connection.client_kwargs(
+                    client_id=f"{self.connection.client_id}-controller",
+                    request_timeout_ms=ms,
+                    bootstrap_timeout_ms=ms,
+                )
+            )
+        return self._admin
+
+    def _close_admin(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+            self._admin = None
 
     def _measure_lag(self) -> None:
         from workers.kafka_admin import compute_lag, total_lag
 
         try:
             per_partition = compute_lag(
-                self.connection, self.spec.consumer_group, self.spec.input_topics, timeout_s=5.0
+                self._admin_client(),
+                self.spec.consumer_group,
+                self.spec.input_topics,
+                timeout_s=_LAG_TIMEOUT_S,
             )
             self.lag, self.lag_error = total_lag(per_partition), ""
             self.partitions = len(per_partition) or self.partitions
         except Exception as exc:  # any failure: the lag is unknown, not zero
+            self._close_admin()  # a fresh client next time (the broker may come back)
             self.lag, self.lag_error = None, f"{type(exc).__name__}: {exc}"
 
-    def _per_worker(self) -> tuple[float, float]:
-        return float(self.spec.resources.gpus), float(self.spec.resources.cpus)
+    def _partition_count(self) -> int:
+        # Before the first successful query: the partitions the spec creates.
+        return self.partitions or self.spec.topics.partitions * len(self.spec.input_topics)
 
-    def _capacity(self) -> int:
-        """Replicas this pipeline could run now: what it holds plus what is free."""
-        gpus, cpus = self._per_worker()
-        held = len(self._running())
+    def _status_wait(self) -> float:
+        return min(_STATUS_WAIT_S, _STATUS_WAIT_SHARE * self.spec.autoscale.poll_interval_s)
+
+    def _poll_replicas(self, now: float) -> set[int]:
+        """Every replica's status at once; returns the indexes whose actor died."""
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        with self._lock:
+            reps = list(self.replicas.values())
+        for r in reps:
+            if r.pending is None:
+                r.pending = r.handle.status.remote()
+        refs = {r.index: r.pending for r in reps}
+        done: set[Any] = set()
+        if refs:
+            ready, _ = ray.wait(
+                list(refs.values()), num_returns=len(refs), timeout=self._status_wait()
+            )
+            done = set(ready)
+        dead: set[int] = set()
+        for r in reps:
+            ref = refs[r.index]
+            if ref not in done:
+                r.ready, r.state = False, "not answering"  # starting, busy, or unschedulable
+                continue
+            r.pending = None
+            try:
+                st = ray.get(ref, timeout=0)
+            except ActorDiedError:
+                r.ready, r.state = False, "dead"
+                if not r.draining:
+                    dead.add(r.index)
+                continue
+            except RayActorError:  # restarting (Ray restarts a crashed worker)
+                r.ready, r.state = False, "restarting"
+                continue
+            except Exception as exc:
+                r.ready, r.state = False, f"status failed: {type(exc).__name__}"
+                continue
+            r.state = str(st.get("state", "?"))
+            r.ready = r.state == "running"
+            if r.state in ("stopped", "failed") and not r.draining:
+                dead.add(r.index)  # alive but done consuming (stopped from outside)
+            done_now = int(st.get("answered", 0)) + int(st.get("dead_lettered", 0))
+            busy_now = float(st.get("engine_seconds", 0.0))
+            actor_id = st.get("actor_id")
+            same = actor_id == r.actor_id and done_now >= r.done
+            if r.seen_at is not None:
+                # A restarted actor counts from zero again.
+                d_done = done_now - r.done if same else done_now
+                d_busy = busy_now - r.busy_s if same else busy_now
+                # Overlapping engine calls can count more engine time than wall time.
+                self._done_total += max(0, d_done)
+                self._busy_total += min(max(0.0, d_busy), max(0.0, now - r.seen_at))
+            r.done, r.busy_s, r.actor_id, r.seen_at = done_now, busy_now, actor_id, now
+        self._samples.append((now, self._done_total, self._busy_total))
+        while len(self._samples) > 2 and self._samples[1][0] <= now - _RATE_SPAN_S:
+            self._samples.popleft()
+        t0, done0, busy0 = self._samples[0]
+        if now > t0:
+            self.throughput = (self._done_total - done0) / (now - t0)
+            self.busy = (self._busy_total - busy0) / (now - t0)
+        return dead
+
+    # 2 ----------------------------------------------------------------------------
+
+    def _capacity(self, dead: set[int]) -> int:
+        """Replicas this pipeline could run now: what it holds plus what the free
+        resources fit. A dead replica holds nothing (its resources are free, and step 5
+        gives them to its replacement)."""
+        need = self.bundle()
+        held = sum(1 for r in self._running() if r.index not in dead)
+        if not need:
+            return max(held, self.spec.replicas.max)
         free = ray.available_resources()
-        if gpus > 0:
-            return held + math.floor(free.get("GPU", 0.0) / gpus + 1e-9)
-        if cpus > 0:
-            return held + math.floor(free.get("CPU", 0.0) / cpus + 1e-9)
-        return self.spec.replicas.max
+        fits = min(math.floor(free.get(k, 0.0) / v + 1e-9) for k, v in need.items())
+        return held + max(0, fits)
 
     def _running(self) -> list[_Replica]:
-        return [r for r in self.replicas.values() if not r.draining]
+        with self._lock:
+            return [r for r in self.replicas.values() if not r.draining]
 
-    def _scale_out(self, desired: int, capacity: int) -> None:
+    # 4 ----------------------------------------------------------------------------
+
+    def _want_resources(self, capacity: int, running: int) -> None:
+        """The bundles to ask Ray's autoscaler for: the whole pool the lag wants, while
+        it exceeds what the cluster can hold (the request is cluster-wide and persistent;
+        the controller sums the pipelines' and sends it when it changes)."""
+        if self.lag is None or "GPU" not in self.bundle():
+            return
+        # The lag's size without the GPU limit.
+        want, _ = self.autoscaler.recommend(self.lag, self._partition_count(), 1 << 30)
+        if want > capacity:
+            if len(self.resource_request) != want:
+                self._events.append(f"asked Ray's autoscaler for {want} x {self.bundle()}")
+            self.resource_request = [self.bundle()] * want
+        elif self.resource_request and running >= want:
+            self.resource_request = []
+
+    def _scale_out(self, desired: int) -> None:
         from workers.actor import create_worker
 
-        gpus, cpus = self._per_worker()
-        if desired > capacity and gpus > 0:
-            # Ask Ray's autoscaler (a no-op on a fixed cluster) for the whole pool.
-            from ray.autoscaler.sdk import request_resources
-
-            request_resources(bundles=[{"GPU": gpus, "CPU": cpus}] * desired)
         while len(self._running()) < desired:
-            index = next(i for i in range(10_000) if i not in self.replicas)
-            handle = create_worker(
-                self.worker_settings(index),
-                name=self.actor_name(index),
-                lifetime="detached",
-                namespace=self.namespace,
-            )
-            self.replicas[index] = _Replica(index, handle, self.clock())
+            with self._lock:
+                index = next(i for i in range(len(self.replicas) + 1) if i not in self.replicas)
+            name = self.actor_name(index)
+            try:
+                handle = create_worker(
+                    self.worker_settings(index),
+                    name=name,
+                    lifetime="detached",
+                    namespace=self.namespace,
+                )
+            except ValueError as exc:  # the name is still held (a replica being removed)
+                self._events.append(f"cannot start {name} yet: {exc}")
+                return
+            with self._lock:
+                self.replicas[index] = _Replica(index, name, handle, self.clock())
 
     def _scale_in(self, desired: int) -> None:
-        from workers.actor import retire
-
-        for replica in sorted(self._running(), key=lambda r: -r.index)[
-            : len(self._running()) - desired
-        ]:
+        # Those not running yet (starting, or waiting for resources) first, then the
+        # highest indexes.
+        running = sorted(self._running(), key=lambda r: (r.ready, -r.index))
+        for replica in running[: len(running) - desired]:
             replica.draining = True
-
-            def drain(r: _Replica = replica) -> None:
-                try:
-                    retire(r.handle, timeout_s=60.0)
-                except Exception:
-                    ray.kill(r.handle, no_restart=True)
-                finally:
-                    self.replicas.pop(r.index, None)
-
-            t = threading.Thread(target=drain, name=f"drain-{replica.index}", daemon=True)
+            t = threading.Thread(
+                target=self._retire, args=(replica,), name=f"drain-{replica.name}", daemon=True
+            )
             t.start()
             self._drains.append(t)
         self._drains = [t for t in self._drains if t.is_alive()]
 
-    def _check_health(self) -> None:
-        from ray.exceptions import GetTimeoutError, RayActorError
+    def _retire(self, replica: _Replica) -> None:
+        """Drain (stop fetching, finish in flight, commit, leave the group), then remove
+        the actor and wait until its name is free for a later replica."""
+        try:
+            ray.get(
+                replica.handle.drain.remote(_DRAIN_TIMEOUT_S),
+                timeout=_DRAIN_TIMEOUT_S + _DRAIN_MARGIN_S,
+            )
+        except Exception:
+            pass  # dead or stuck: its uncommitted work is consumed again by the others
+        finally:
+            with contextlib.suppress(Exception):
+                ray.kill(replica.handle, no_restart=True)
+            self._wait_name_free(replica.name)
+            with self._lock:
+                if self.replicas.get(replica.index) is replica:
+                    del self.replicas[replica.index]
 
+    def _wait_name_free(self, name: str) -> bool:
+        deadline = time.monotonic() + _NAME_RELEASE_S
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                return True
+            time.sleep(0.1)
+        return False
+
+    # 5 ----------------------------------------------------------------------------
+
+    def _replace_dead(self, dead: set[int]) -> None:
         from workers.actor import create_worker
 
-        for replica in list(self._running()):
+        for index in sorted(dead):
+            with self._lock:
+                replica = self.replicas.get(index)
+            if replica is None or replica.draining:
+                continue
+            if replica.state in ("stopped", "failed"):
+                # Alive but no longer consuming: remove it, then start it again.
+                with contextlib.suppress(Exception):
+                    ray.kill(replica.handle, no_restart=True)
+                self._wait_name_free(replica.name)
+            # A dead actor's name is released; one that Ray is restarting keeps it.
             try:
-                ray.get(replica.handle.ping.remote(), timeout=_PING_TIMEOUT_S)
-            except GetTimeoutError:
-                continue  # busy or restarting: Ray restarts crashed actors itself
-            except RayActorError:
-                self.restarts += 1
-                replica.handle = create_worker(
-                    self.worker_settings(replica.index),
-                    name=self.actor_name(replica.index),
+                ray.get_actor(replica.name, namespace=self.namespace)
+                continue
+            except ValueError:
+                pass
+            try:
+                handle = create_worker(
+                    self.worker_settings(index),
+                    name=replica.name,
                     lifetime="detached",
                     namespace=self.namespace,
                 )
-                replica.started = self.clock()
-
-    def _measure_throughput(self, now: float) -> None:
-        answered = 0
-        for replica in list(self.replicas.values()):
-            try:
-                st = ray.get(replica.handle.status.remote(), timeout=_PING_TIMEOUT_S)
-                answered += int(st.get("answered", 0)) + int(st.get("dead_lettered", 0))
-            except Exception:
+            except ValueError as exc:
+                self._events.append(f"cannot restart {replica.name} yet: {exc}")
                 continue
-        if self._answered is not None and now > self._answered[0]:
-            done = max(0, answered - self._answered[1])
-            self.throughput = done / (now - self._answered[0])
-        self._answered = (now, answered)
+            with self._lock:
+                self.replicas[index] = _Replica(index, replica.name, handle, self.clock())
+            self.restarts += 1
+            why = "its actor died" if replica.state == "dead" else f"it was {replica.state}"
+            self._events.append(f"restarted {replica.name}: {why}")
+
+    # 6 ----------------------------------------------------------------------------
+
+    def _record(self, decision: Decision, wall: float) -> None:
+        running = self._running()
+        with self._lock:
+            draining = len(self.replicas) - len(running)
+        record = {
+            "time": wall,  # when the tick started (and measured)
+            "tick_s": round(time.time() - wall, 3),
+            "current": decision.current,
+            "desired": decision.desired,
+            "replicas": len(running),
+            "ready": sum(1 for r in running if r.ready),
+            "draining": draining,
+            "lag": decision.lag,
+            "recommendation": decision.recommendation,
+            "needed": decision.needed,
+            "throughput_per_s": round(self.throughput, 3),
+            "busy": None if self.busy is None else round(self.busy, 3),
+            "reason": decision.reason,
+            "changed": decision.changes,
+            "events": list(self._events),
+        }
+        if decision.changes:
+            self.scaling_decisions += 1
+        self.timeline.append(record)
 
     def _publish_metrics(self, decision: Decision) -> None:
         from topology import metrics
 
+        running = self._running()
         metrics.publish(
             self.spec.name,
-            replicas=len(self._running()),
+            replicas=len(running),
+            ready=sum(1 for r in running if r.ready),
             desired=decision.desired,
             lag=self.lag,
             throughput=self.throughput,
+            busy=self.busy,
             scaling=decision.changes,
+            restarts=sum(1 for e in self._events if e.startswith("restarted")),
         )
 
     def status(self) -> dict[str, Any]:
+        running = self._running()
+        with self._lock:
+            reps = sorted(self.replicas.values(), key=lambda r: r.index)
+        recent = list(self.timeline)[-_DECISIONS_IN_STATUS:]
         return {
             "pipeline": self.spec.name,
-            "replicas": len(self._running()),
-            "draining": len(self.replicas) - len(self._running()),
+            "replicas": len(running),
+            "ready": sum(1 for r in running if r.ready),
+            "draining": len(reps) - len(running),
             "min": self.spec.replicas.min,
             "max": self.spec.replicas.max,
             "lag": self.lag,
             "lag_error": self.lag_error or None,
             "partitions": self.partitions,
             "throughput_per_s": round(self.throughput, 3),
+            "busy": None if self.busy is None else round(self.busy, 3),
             "restarts": self.restarts,
-            "scaling_decisions": sum(1 for d in self.decisions if d["changed"]),
-            "decisions": list(self.decisions)[-10:],
-            "workers": sorted(self.actor_name(i) for i in self.replicas),
+            "scaling_decisions": self.scaling_decisions,
+            "resource_request": list(self.resource_request),
+            "setup_error": self.setup_error or None,
+            "decisions": recent,
+            "workers": [r.name for r in reps],
+            "worker_states": {
+                r.name: "draining" if r.draining and r.state == "running" else r.state for r in reps
+            },
         }
 
-    def shutdown(self, drain: bool = True) -> None:
-        from workers.actor import retire
+    def history(self) -> list[dict[str, Any]]:
+        return list(self.timeline)
 
-        for replica in list(self.replicas.values()):
-            try:
-                if drain:
-                    retire(replica.handle, timeout_s=60.0)
-                else:
-                    ray.kill(replica.handle, no_restart=True)
-            except Exception:
-                ray.kill(replica.handle, no_restart=True)
-        self.replicas.clear()
+    def shutdown(self, drain: bool = True) -> None:
+        """Drain (or stop) every replica at once, then remove them."""
+        with self._lock:
+            reps = list(self.replicas.values())
+        if drain:
+            refs = [r.handle.drain.remote(_DRAIN_TIMEOUT_S) for r in reps if not r.draining]
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=_DRAIN_TIMEOUT_S + _DRAIN_MARGIN_S)
+        for r in reps:
+            if drain and r.draining:
+                continue  # its drain thread removes it when done
+            with contextlib.suppress(Exception):
+                ray.kill(r.handle, no_restart=True)
+        for t in self._drains:
+            t.join(timeout=_DRAIN_TIMEOUT_S + _DRAIN_MARGIN_S + _NAME_RELEASE_S)
+        with self._lock:
+            self.replicas.clear()
+        self._close_admin()
 
 
 class _ControllerImpl:
@@ -303,26 +589,19 @@ class _ControllerImpl:
         self._started = time.time()
         self._last_tick: dict[str, float] = {}
         self._errors: dict[str, str] = {}
+        # None: not sent yet; the first loop sends what the pipelines want, which also
+        # replaces a request a previous controller of this deployment left.
+        self._requested: list[dict[str, float]] | None = None
         self._thread = threading.Thread(target=self._loop, name="controller", daemon=True)
-        self._ensure_topics(conn)
         self._thread.start()
-
-    def _ensure_topics(self, conn: KafkaConnection) -> None:
-        from workers.kafka_admin import ensure_topics
-
-        for p in self._topology.pipelines:
-            n, rf = p.topics.partitions, p.topics.replication_factor
-            topics = {t: n for t in p.input_topics}
-            topics.update({p.output_topic: n, p.dead_letter_topic: 1})
-            ensure_topics(conn, topics, replication_factor=rf)
 
     def _loop(self) -> None:
         due = {r.spec.name: 0.0 for r in self._runners}
         while not self._stop.is_set():
-            now = time.monotonic()
             for runner in self._runners:
                 name = runner.spec.name
-                if now >= due[name]:
+                now = time.monotonic()
+                if now >= due[name] and not self._stop.is_set():
                     try:
                         runner.tick()
                         self._errors.pop(name, None)
@@ -330,11 +609,27 @@ class _ControllerImpl:
                         self._errors[name] = f"{type(exc).__name__}: {exc}"
                     self._last_tick[name] = time.time()
                     due[name] = now + runner.spec.autoscale.poll_interval_s
-            self._stop.wait(0.2)
+            self._sync_resource_request()
+            self._stop.wait(0.1)
+
+    def _sync_resource_request(self, clear: bool = False) -> None:
+        """One cluster-wide request for every pipeline's bundles, sent when it changes."""
+        bundles = [] if clear else [b for r in self._runners for b in r.resource_request]
+        if bundles == self._requested:
+            return
+        try:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=bundles)
+            self._requested = bundles
+        except Exception as exc:
+            self._errors["resource_request"] = f"{type(exc).__name__}: {exc}"
 
     def status(self) -> dict[str, Any]:
         return {
             "uptime_s": round(time.time() - self._started, 1),
+            "resource_request": list(self._requested or []),
+            "errors": dict(self._errors),
             "pipelines": {
                 r.spec.name: {
                     **r.status(),
@@ -345,18 +640,30 @@ class _ControllerImpl:
             },
         }
 
+    def history(self, pipeline: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Every tick's record kept (time, lag, replicas, throughput, decision, reason)."""
+        return {
+            r.spec.name: r.history()
+            for r in self._runners
+            if pipeline is None or r.spec.name == pipeline
+        }
+
     def ping(self) -> str:
         return "pong"
 
     def shutdown(self, drain: bool = True) -> dict[str, Any]:
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=60)
         for r in self._runners:
             r.shutdown(drain)
+        self._sync_resource_request(clear=True)
         return self.status()
 
 
 _remote: Any = ray.remote
+# num_cpus=0: the controller sleeps most of the time and must never take a worker's CPU
+# slot; max_restarts=-1: a crashed controller comes back and adopts its replicas;
+# max_concurrency: status()/history() answer while shutdown() drains.
 ControllerActor: Any = _remote(num_cpus=0, max_restarts=-1, max_concurrency=4)(_ControllerImpl)
 
 
@@ -366,7 +673,10 @@ def start_controller(
     namespace: str = DEFAULT_NAMESPACE,
     environ: dict[str, str] | None = None,
 ) -> Any:
-    """The deployment's controller (created, or the running one). Ray must be initialized."""
+    """The deployment's controller (created, or the running one). Ray must be initialized.
+
+    `environ`: the environment variables the topology's Kafka section names (secrets);
+    the controller runs in its own process, which does not share the caller's."""
     name = controller_name(deployment)
     try:
         return ray.get_actor(name, namespace=namespace)
@@ -379,3 +689,15 @@ def start_controller(
 
 def get_controller(deployment: str, namespace: str = DEFAULT_NAMESPACE) -> Any:
     return ray.get_actor(controller_name(deployment), namespace=namespace)
+
+
+def stop_controller(handle: Any, *, drain: bool = True, timeout_s: float = 120.0) -> Any:
+    """Shut the controller down (its replicas drained or stopped), then remove it;
+    returns its last status (None when it did not answer)."""
+    try:
+        return ray.get(handle.shutdown.remote(drain), timeout=timeout_s)
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(handle, no_restart=True)

@@ -1,5 +1,10 @@
 """The controller's metrics in Ray's metrics system (shown by the Ray dashboard and its
-Prometheus endpoint); no-ops outside Ray."""
+Prometheus endpoint, where Ray prefixes each name with `ray_`); no-ops outside Ray.
+
+Per pipeline (tag `pipeline`): replicas, ready replicas, desired replicas, group lag (left
+unchanged while unknown, with `dgstream_lag_known` at 0), throughput, busy replicas'
+worth of engine time; counters of scaling decisions and of replicas restarted.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,14 @@ def _gauge(name: str, description: str) -> Any:
     return _GAUGES[name]
 
 
+def _counter(name: str, description: str) -> Any:
+    if name not in _COUNTERS:
+        from ray.util.metrics import Counter
+
+        _COUNTERS[name] = Counter(name, description=description, tag_keys=("pipeline",))
+    return _COUNTERS[name]
+
+
 def publish(
     pipeline: str,
     *,
@@ -25,6 +38,9 @@ def publish(
     lag: int | None,
     throughput: float,
     scaling: bool,
+    ready: int | None = None,
+    busy: float | None = None,
+    restarts: int = 0,
 ) -> None:
     import ray
 
@@ -33,14 +49,17 @@ def publish(
     tags = {"pipeline": pipeline}
     _gauge("dgstream_replicas", "running workers of the pipeline").set(replicas, tags)
     _gauge("dgstream_desired_replicas", "the autoscaler's size").set(desired, tags)
+    if ready is not None:
+        _gauge("dgstream_ready_replicas", "workers that report running").set(ready, tags)
+    _gauge("dgstream_lag_known", "1 when the last lag query succeeded").set(
+        0 if lag is None else 1, tags
+    )
     if lag is not None:
         _gauge("dgstream_group_lag", "end offset - committed offset, summed").set(lag, tags)
     _gauge("dgstream_throughput", "requests finished per second").set(throughput, tags)
+    if busy is not None:
+        _gauge("dgstream_busy_replicas", "engine-seconds per second over the pool").set(busy, tags)
     if scaling:
-        if "decisions" not in _COUNTERS:
-            from ray.util.metrics import Counter
-
-            _COUNTERS["decisions"] = Counter(
-                "dgstream_scaling_decisions", description="size changes", tag_keys=("pipeline",)
-            )
-        _COUNTERS["decisions"].inc(1, tags)
+        _counter("dgstream_scaling_decisions", "size changes").inc(1, tags)
+    if restarts:
+        _counter("dgstream_replica_restarts", "dead workers started again").inc(restarts, tags)
