@@ -193,7 +193,9 @@ def test_steady_half_load_does_not_flap(
     }
     _report("steady", figures)
     assert changes and changes[0]["desired"] > MIN_REPLICAS, "the pool never grew"
-    assert len(late) <= 2, figures
+    # After the warm-up the pool only settles: every late decision goes the same way (no
+    # growing again after shrinking), whatever the number of one-step scale-ins.
+    assert _reversals(late) == 0, figures
     # Flapping is growing again after shrinking: at most the one turn from the ramp's
     # overshoot to its settling.
     assert figures["reversals"] <= 1, figures
