@@ -169,7 +169,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "bench" / "worker_overhead.py"
-    sys.argv = [str(script)]
+    passed = [
+        *(["--bootstrap", args.bootstrap] if args.bootstrap else []),
+        *(["--messages", str(args.messages)] if args.messages else []),
+        *(["--repeat", str(args.repeat)] if args.repeat else []),
+        *(["--no-write"] if args.no_write else []),
+    ]
+    sys.argv = [str(script), *passed]
     runpy.run_path(str(script), run_name="__main__")
     print("GPU figures: see docs/benchmarks.md (bench/engine_gpu.py on the GPU machine)")
     return 0
@@ -230,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.register(sub)
 
     p_bench = sub.add_parser("bench", help="run the CPU benchmarks (docs/benchmarks.md)")
+    p_bench.add_argument("--bootstrap", default=None, help="an existing broker")
+    p_bench.add_argument("--messages", type=int, default=None)
+    p_bench.add_argument("--repeat", type=int, default=None)
+    p_bench.add_argument("--no-write", action="store_true", help="leave docs/benchmarks.md")
     p_bench.set_defaults(func=_cmd_bench)
     return parser
 

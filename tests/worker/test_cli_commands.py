@@ -93,3 +93,21 @@ def test_ask_answers_locally() -> None:
     bad = _dgstream("ask", '{"id": "x"}')
     assert bad.returncode == 2
     assert json.loads(bad.stdout)["error"]["code"] == "MISSING_FIELD"
+
+
+@pytest.mark.slow
+def test_bench_runs_and_reports_ratios(pipeline: Pipeline) -> None:
+    boot = ",".join(pipeline.conn.bootstrap_servers)
+    out = _dgstream(
+        "bench",
+        "--bootstrap",
+        boot,
+        "--messages",
+        "600",
+        "--repeat",
+        "1",
+        "--no-write",
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "stream worker" in out.stdout and "plain" in out.stdout
