@@ -447,7 +447,7 @@ def plot(result: SpikeResult, path: Path) -> None:
     ax_rep.axhline(result.cap, color="grey", lw=0.8, ls=":", label=f"cap ({result.cap})")
     ax_rep.set_ylabel("workers")
     ax_rep.set_ylim(0, result.cap + 1)
-    ax_rep.legend(loc="upper right", fontsize=8)
+    ax_rep.legend(loc="center", fontsize=8)
     ax_tp.plot(t, [r["throughput_per_s"] for r in recs], "-", color="tab:green")
     ax_tp.set_ylabel("answered / s")
     ax_tp.set_xlabel("seconds since the spike was sent")
@@ -522,7 +522,8 @@ they then need most of half a minute for their process, imports and engine, and 
 seconds more for the group to hand them partitions, before the pool drains at full rate.
 Scale-in waits for a window of calm; it also keeps the replicas the engines' load needs
 (busy engine-seconds per second / 0.8), so the pool shrinks in steps as the drain's load
-leaves the window.
+leaves the window. Runs vary with the workers' start and the group's rebalances: a run in
+which the group hands the new members their partitions late drains later.
 
 Reproduce: `{command}`.
 """

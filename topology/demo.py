@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 import time
 from typing import Any
@@ -196,4 +197,10 @@ def main(events: int | None) -> int:
     # listen on every interface of the machine; the token keeps strangers out.
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    # A SIGTERM (a supervisor, a test's timeout) stops everything as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     return run_demo(events)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
