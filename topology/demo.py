@@ -144,7 +144,7 @@ def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
                     truth = res.metadata.get("truth", {})
                     cells = [_cell(res.answers[q].model_dump(), truth.get(q)) for q in qids]
                     print(
-                        "   " + "  ".join(f"{c[:14]:14s}" for c in [res.id[-8:], *cells]),
+                        "   " + "  ".join(f"{c[:16]:16s}" for c in [res.id[-8:], *cells]),
                         flush=True,
                     )
         consumer.close()
