@@ -129,7 +129,8 @@ def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
         print("   " + "  ".join(f"{q[:12]:16s}" for q in ["id", *qids]), flush=True)
         want = len(batch)
         deadline = time.monotonic() + 600
-        while len(answered) < want and time.monotonic() < deadline:
+        # One malformed message was sent too: wait for its dead letter as well.
+        while (len(answered) < want or not dead) and time.monotonic() < deadline:
             for tp, records in consumer.poll(timeout_ms=500).items():
                 for rec in records:
                     if tp.topic == DEAD:
