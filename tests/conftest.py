@@ -8,12 +8,18 @@ not start.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+# Every local Ray cluster a test starts (in this process or a subprocess) runs its workers
+# at normal priority; at Ray's default niceness (15) a worker on a busy 2-core CI machine
+# starved (see `topology.demo.LOCAL_WORKER_NICENESS`).
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 if TYPE_CHECKING:
     from infra.kafka.broker import BrokerInfo

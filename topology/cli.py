@@ -20,7 +20,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from topology.demo import main as demo_main
 
-    return demo_main(args.events)
+    return demo_main(args.events, timeout_s=args.timeout)
 
 
 def _cmd_ask(args: argparse.Namespace) -> int:
@@ -200,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_demo.add_argument(
         "--events", type=int, default=None, help="answer this many events, then exit"
+    )
+    p_demo.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="with --events: give up (exit 1, with the workers' logs) after this many seconds",
     )
     p_demo.set_defaults(func=_cmd_demo)
 

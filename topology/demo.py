@@ -70,7 +70,18 @@ def _cell(answer: dict[str, Any], truth: str | None) -> str:
     return text + mark
 
 
-def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
+# Ray starts its worker processes at niceness 15 (`RAY_worker_niceness`, read by the raylet
+# it starts). On a 2-core machine with anything else busy, the worker then gets a few
+# percent of a core: the demo worker once took minutes to import torch. The demo's cluster
+# is the user's own and runs nothing else, so its workers run at normal priority.
+LOCAL_WORKER_NICENESS = ("RAY_worker_niceness", "0")
+
+# How long a quiet demo waits before it says what the pool is doing (a first answer
+# takes about 10 s on a 2-core machine: the worker loads the model and joins the group).
+_QUIET_REPORT_S = 30.0
+
+
+def run_demo(events: int | None, model: str = DEMO_MODEL, timeout_s: float = 600.0) -> int:
     import ray
     from kafka import KafkaConsumer, KafkaProducer
 
@@ -128,10 +139,17 @@ def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
         print("5. answers (one denoising step each; 'ok'/'x' against the truth):", flush=True)
         print("   " + "  ".join(f"{q[:12]:16s}" for q in ["id", *qids]), flush=True)
         want = len(batch)
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + timeout_s
+        quiet_since = time.monotonic()
         # One malformed message was sent too: wait for its dead letter as well.
         while (len(answered) < want or not dead) and time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=500).items():
+            polled = consumer.poll(timeout_ms=500)
+            if polled:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since > _QUIET_REPORT_S:
+                print(f"   (no answer for {_QUIET_REPORT_S:.0f}s: {_pool_line(ctl)})", flush=True)
+                quiet_since = time.monotonic()
+            for tp, records in polled.items():
                 for rec in records:
                     if tp.topic == DEAD:
                         dl = DeadLetter.model_validate_json(rec.value)
@@ -153,7 +171,11 @@ def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
         status = ray.get(ctl.status.remote(), timeout=60)
         p = status["pipelines"]["moderation"]
         print(f"   pool: {p['replicas']} worker(s): {', '.join(p['workers'])}", flush=True)
-        return 0 if len(answered) == want and len(dead) == 1 else 1
+        if len(answered) == want and len(dead) == 1:
+            return 0
+        print(f"   gave up after {timeout_s:.0f}s; the workers' logs end with:", flush=True)
+        _print_worker_logs(ray_tmp)
+        return 1
     except KeyboardInterrupt:
         print("\nstopping ...", flush=True)
         return 130
@@ -168,6 +190,34 @@ def run_demo(events: int | None, model: str = DEMO_MODEL) -> int:
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(ray_tmp, ignore_errors=True)
         print(f"6. stopped everything ({time.perf_counter() - t0:.1f}s in all)", flush=True)
+
+
+def _pool_line(ctl: Any) -> str:
+    """One line on the pool from the controller: replicas, their states, lag, errors."""
+    import ray
+
+    try:
+        st = ray.get(ctl.status.remote(), timeout=20)
+    except Exception as exc:  # the controller itself is stuck or gone: say so
+        return f"the controller does not answer ({type(exc).__name__})"
+    p = st["pipelines"]["moderation"]
+    states = ", ".join(f"{k}: {v}" for k, v in p["worker_states"].items()) or "none started"
+    errors = [e for e in (p.get("error"), p.get("setup_error"), p.get("lag_error")) if e]
+    return f"workers [{states}], lag {p['lag']}" + (f", errors: {errors}" if errors else "")
+
+
+def _print_worker_logs(ray_tmp: str, lines: int = 12) -> None:
+    """The last lines of each Ray worker's stderr (where a failing actor's traceback is)."""
+    from pathlib import Path
+
+    # session_latest is a link to the session folder: each file once.
+    paths = {p.resolve() for p in Path(ray_tmp).glob("session_*/logs/worker-*.err")}
+    for path in sorted(paths)[:8]:
+        tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+        if tail:
+            print(f"   --- {path.name}", flush=True)
+            for ln in tail:
+                print(f"   {ln}", flush=True)
 
 
 def _summary(
@@ -192,15 +242,16 @@ def _summary(
     )
 
 
-def main(events: int | None) -> int:
+def main(events: int | None, timeout_s: float = 600.0) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Ray reads its authentication mode when it is imported: set it first. Ray's servers
     # listen on every interface of the machine; the token keeps strangers out.
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    os.environ.setdefault(LOCAL_WORKER_NICENESS[0], LOCAL_WORKER_NICENESS[1])
     # A SIGTERM (a supervisor, a test's timeout) stops everything as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
-    return run_demo(events)
+    return run_demo(events, timeout_s=timeout_s)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
