@@ -335,6 +335,35 @@ def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> f
     return worst
 
 
+def dense_experts_forward(
+    self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any
+) -> Any:
+    """The MoE block with every expert run on every token, weighted by the router (zero
+    where an expert was not chosen): the same sum as transformers' eager loop, without its
+    per-expert gathers, `index_add_` and their backward (most of the step's small kernels:
+    docs/data/train_step_profile.txt). 4 experts of width 48 cost little to run densely."""
+    import torch
+
+    weights = torch.zeros(
+        hidden_states.shape[0],
+        self.num_experts,
+        dtype=top_k_weights.dtype,
+        device=hidden_states.device,
+    ).scatter(1, top_k_index, top_k_weights)
+    gate, up = torch.einsum("th,eih->eti", hidden_states, self.gate_up_proj).chunk(2, dim=-1)
+    out = torch.einsum("eti,ehi->eth", self.act_fn(gate) * up, self.down_proj)
+    return (out * weights.t().unsqueeze(-1).to(out.dtype)).sum(0).to(hidden_states.dtype)
+
+
+def use_experts(model: Any, name: str) -> None:
+    """`eager` (transformers' loop) or `dense` (`dense_experts_forward`) for training."""
+    if name == "dense":
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+        ALL_EXPERTS_FUNCTIONS.register("dense", dense_experts_forward)
+    model.set_experts_implementation(name)
+
+
 class DemoModel:
     @staticmethod
     def load(path: Path) -> Any:
@@ -388,9 +417,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         model.load_state_dict(init.state_dict())
         print(f"continuing from {args.init}", flush=True)
     model = model.to(device)
-    # The loop over experts: `grouped_mm` (the default) wants bf16 weights on CUDA, and the
-    # master weights here are fp32 under bf16 autocast. The saved config keeps the default.
-    model.set_experts_implementation("eager")
+    # The experts: `grouped_mm` (the default) wants bf16 weights on CUDA, and the master
+    # weights here are fp32 under bf16 autocast; `dense` computes the same sum with fewer
+    # kernels. The saved config keeps the default.
+    use_experts(model, args.experts)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -501,8 +531,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "weights_dtype": str(save_dtype).removeprefix("torch."),
             "largest_weight": round(biggest, 3),
             "safetensors_mb": round(size_mb, 3),
+            "experts": args.experts,
             "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
-            f"--lr {args.lr} --warmup {warmup} --seed {args.seed}"
+            f"--lr {args.lr} --warmup {warmup} --seed {args.seed} --experts {args.experts}"
             + (f" --init {args.init}" if args.init else ""),
         }
     )
@@ -561,6 +592,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="build/demo-model")
     p.add_argument("--smoke", action="store_true", help="20 CPU steps, parity + tiny eval")
     p.add_argument("--init", default="", help="continue from a saved model directory")
+    p.add_argument(
+        "--experts",
+        choices=("eager", "dense"),
+        default="dense",
+        help="MoE implementation while training (the same sums; dense has fewer kernels)",
+    )
     p.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels on CUDA too (slow)"
     )

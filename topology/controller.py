@@ -137,7 +137,7 @@ class PipelineRunner:
     # ------------------------------------------------------------------ settings
 
     def worker_settings(self, replica: int) -> Any:
-        from workers.settings import ActorResources, Batching, WorkerSettings
+        from workers.settings import ActorResources, WorkerSettings
 
         s = self.spec
         return WorkerSettings(
@@ -149,7 +149,7 @@ class PipelineRunner:
             kafka=self.connection,
             engine=s.engine,
             question_sets=self.topology.question_sets_for(s),
-            batching=Batching(**s.batching.model_dump()),
+            batching=s.batching,
             delivery=s.delivery,
             static_membership=s.static_membership,
             replica=replica,

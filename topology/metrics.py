@@ -10,24 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
-_GAUGES: dict[str, Any] = {}
-_COUNTERS: dict[str, Any] = {}
+_METRICS: dict[str, Any] = {}
+
+
+def _metric(kind: str, name: str, description: str) -> Any:
+    """The process's one `ray.util.metrics` Gauge or Counter of that name (made once)."""
+    if name not in _METRICS:
+        from ray.util import metrics
+
+        _METRICS[name] = getattr(metrics, kind)(
+            name, description=description, tag_keys=("pipeline",)
+        )
+    return _METRICS[name]
 
 
 def _gauge(name: str, description: str) -> Any:
-    if name not in _GAUGES:
-        from ray.util.metrics import Gauge
-
-        _GAUGES[name] = Gauge(name, description=description, tag_keys=("pipeline",))
-    return _GAUGES[name]
+    return _metric("Gauge", name, description)
 
 
 def _counter(name: str, description: str) -> Any:
-    if name not in _COUNTERS:
-        from ray.util.metrics import Counter
-
-        _COUNTERS[name] = Counter(name, description=description, tag_keys=("pipeline",))
-    return _COUNTERS[name]
+    return _metric("Counter", name, description)
 
 
 def publish(

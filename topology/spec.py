@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from schemas import Question
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.settings import Batching
 
 _TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
@@ -61,16 +62,6 @@ class TopicSpec(_Frozen):
     replication_factor: int = Field(default=1, ge=1)
 
 
-class BatchingSpec(_Frozen):
-    # 64 requests of 3 questions fill a 256-read forward on the H200 (docs/benchmarks.md:
-    # throughput flattens from batch 128 to 256).
-    max_records: int = Field(default=64, ge=1, le=10_000)
-    # A micro-batch waits at most this long to fill: latency vs batching.
-    max_wait_ms: int = Field(default=50, ge=0, le=60_000)
-    # Batches between poll and commit: 2 keeps the engine busy while the next one is parsed.
-    max_in_flight: int = Field(default=2, ge=1, le=64)
-
-
 class ResourcesSpec(_Frozen):
     gpus: float = Field(default=1, ge=0)
     cpus: float = Field(default=1, ge=0)
@@ -110,7 +101,7 @@ class PipelineSpec(_Frozen):
     topics: TopicSpec = Field(default_factory=TopicSpec)
     question_sets: list[str] = Field(default_factory=list)
     engine: EngineSettings = Field(default_factory=EngineSettings)
-    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    batching: Batching = Field(default_factory=Batching)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)

@@ -44,11 +44,11 @@ class Batching(_Frozen):
 
     # 64 requests of 3 questions fill a 256-read forward on the H200 (docs/benchmarks.md:
     # throughput flattens from 128 to 256 reads); it is also EngineSettings.max_batch_reads'
-    # default for the tiny CPU model. Same default as the topology spec.
+    # default for the tiny CPU model. The topology file's `batching` is this model.
     max_records: int = Field(default=64, ge=1, le=10_000)
     # A batch waits at most this long to fill once its first record is in, and only while
-    # the engine is busy (an idle engine gets what is there at once). 50 ms: the topology
-    # spec's default; a fraction of one full-size engine call.
+    # the engine is busy (an idle engine gets what is there at once). 50 ms: a fraction of
+    # one full-size engine call.
     max_wait_ms: int = Field(default=50, ge=0, le=60_000)
     # Batches between poll and commit (the one being filled counts). 2: one in the engine
     # while the next is fetched and parsed (the issue's "keep the engine busy"); it also

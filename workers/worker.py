@@ -652,21 +652,24 @@ class StreamWorker:
 
     # ------------------------------------------------------------------ settling
 
+    def _apply_completions(self) -> None:
+        """Mark the batches the engine loop finished as done; the first failure sticks."""
+        while True:
+            try:
+                batch, exc = self._done_q.get_nowait()
+            except queue.Empty:
+                return
+            if exc is not None:
+                self._failure = self._failure or exc
+            else:
+                batch.done = True
+
     def _settle(self, *, sync: bool) -> None:
         """Step 1: apply completions, commit the contiguous done prefix of each partition.
 
         `sync`: commit and wait (consumer thread); otherwise commit_async (the listener,
         which runs on the I/O thread and must not block on it)."""
-        while True:
-            try:
-                batch, exc = self._done_q.get_nowait()
-            except queue.Empty:
-                break
-            if exc is not None:
-                if self._failure is None:
-                    self._failure = exc
-                continue
-            batch.done = True
+        self._apply_completions()
         if self._failure is not None:
             return
         if self._eos:
@@ -809,15 +812,7 @@ class StreamWorker:
         limit = min(c.revoke_timeout_s, c.session_timeout_ms / 2000)
         deadline = time.monotonic() + limit
         while True:
-            while True:
-                try:
-                    batch, exc = self._done_q.get_nowait()
-                except queue.Empty:
-                    break
-                if exc is not None:
-                    self._failure = self._failure or exc
-                else:
-                    batch.done = True
+            self._apply_completions()
             if self._failure is not None:
                 return False
             with self._txn_lock:

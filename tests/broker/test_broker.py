@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, OffsetSpec, TopicPartition
+from waiting import wait_for
 
 from infra.kafka import broker
 from infra.kafka.broker import BrokerInfo
@@ -24,18 +23,6 @@ pytestmark = pytest.mark.broker
 REPO = Path(__file__).resolve().parents[2]
 N_MESSAGES = 100
 N_PARTITIONS = 3
-
-
-def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what or predicate}")
-        time.sleep(0.05)
 
 
 def _produce(bootstrap: list[str], topic: str) -> Counter[int]:

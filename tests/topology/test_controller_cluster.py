@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from worker_helpers import wait_for
+from waiting import wait_for
 
 from bench.autoscale_spike import (
     pipeline_io,

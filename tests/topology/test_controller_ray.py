@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import wait_for
+from waiting import wait_for
 
 from bench.autoscale_spike import (
     COST_PER_READ_S,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from waiting import wait_for
 from worker_helpers import (
     INLINE,
     Pipeline,
@@ -18,7 +19,6 @@ from worker_helpers import (
     check_results,
     count_duplicates,
     request_bytes,
-    wait_for,
 )
 
 from schemas import DeadLetter, ErrorCode

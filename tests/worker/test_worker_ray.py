@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 import pytest
-from worker_helpers import INPUT_PARTITIONS, Pipeline, check_results, count_duplicates, wait_for
+from waiting import wait_for
+from worker_helpers import INPUT_PARTITIONS, Pipeline, check_results, count_duplicates
 
 from workers.engine.factory import EngineSettings
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from workers.kafka_settings import KafkaConnection
 
@@ -44,20 +45,6 @@ INLINE: dict[str, Any] = {
 }
 QUESTION_SETS = {"moderation": MODERATION}
 INPUT_PARTITIONS = 6
-
-
-def wait_for(
-    predicate: Callable[[], Any], timeout_s: float = 60.0, what: str = "", every_s: float = 0.05
-) -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what or predicate}")
-        time.sleep(every_s)
 
 
 def request_bytes(rid: str, i: int) -> bytes:
