@@ -148,6 +148,11 @@ def _section(
             if "steps" in log
             else ""
         )
+        + (
+            "; that run continued from the earlier ones (the training history below)"
+            if "--init" in log.get("replay", "")
+            else ""
+        )
         + ".",
         "",
         f"Held-out split {split}: {count} requests, "

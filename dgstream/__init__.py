@@ -3,7 +3,14 @@
 from dgstream import Client
 """
 
-from dgstream.client import Client, RequestInvalid
+from dgstream.client import Client, RequestFailed, RequestInvalid
 from schemas import ClassificationResult, ErrorCode, RequestError
 
-__all__ = ["ClassificationResult", "Client", "ErrorCode", "RequestError", "RequestInvalid"]
+__all__ = [
+    "ClassificationResult",
+    "Client",
+    "ErrorCode",
+    "RequestError",
+    "RequestFailed",
+    "RequestInvalid",
+]

@@ -5,7 +5,18 @@ publishes the result there, keyed by the request id; a background thread matches
 waiting calls by id. Requests are validated with the same entry point the worker uses
 before they are sent, so a bad request fails here, at once, with its error code.
 
-    with Client("127.0.0.1:9092", "moderation.requests") as client:
+Some requests can only be refused by the pipeline (a `question_set` it does not define, a
+request the engine cannot read): the worker puts those on the pipeline's dead-letter topic.
+Given that topic (`dead_letter_topic=`), the client watches it too and fails the waiting
+call at once with `RequestFailed` (the worker's code and message) instead of a timeout. A
+dead letter counts only when its request id is waiting here and the original request named
+this client's reply topic, so other producers' dead letters are passed over.
+
+Errors: `RequestInvalid` (refused before sending), `RequestFailed` (refused by the
+pipeline), `TimeoutError` (no answer in time).
+
+    with Client("127.0.0.1:9092", "moderation.requests",
+                dead_letter_topic="moderation.dead-letters") as client:
         result = client.classify("you idiot!!!", question_set="moderation")
         for result in client.classify_many(requests, max_in_flight=256):
             ...
@@ -21,7 +32,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from schemas import ClassificationRequest, ClassificationResult, RequestError, parse_request
+from schemas import (
+    ClassificationRequest,
+    ClassificationResult,
+    DeadLetter,
+    RequestError,
+    parse_request,
+)
 from workers.kafka_settings import KafkaConnection
 
 
@@ -33,6 +50,16 @@ class RequestInvalid(ValueError):
         self.error = error
 
 
+class RequestFailed(RuntimeError):
+    """The pipeline refused the request (it went to the dead-letter topic); `.error` holds
+    the worker's code and message, `.dead_letter` the whole record."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__(f"{letter.error.code}: {letter.error.message}")
+        self.error = letter.error
+        self.dead_letter = letter
+
+
 class Client:
     def __init__(
         self,
@@ -40,6 +67,7 @@ class Client:
         request_topic: str,
         *,
         reply_topic: str | None = None,
+        dead_letter_topic: str | None = None,
         timeout_s: float = 60.0,
     ) -> None:
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -59,12 +87,15 @@ class Client:
         kw = self.connection.client_kwargs()
         self._producer = KafkaProducer(acks="all", enable_idempotence=True, **kw)
         self._consumer = KafkaConsumer(enable_auto_commit=False, **kw)
+        self.dead_letter_topic = dead_letter_topic
+        watched = [self.reply_topic] + ([dead_letter_topic] if dead_letter_topic else [])
         parts = [
-            TopicPartition(self.reply_topic, p)
-            for p in sorted(self._consumer.partitions_for_topic(self.reply_topic) or {0})
+            TopicPartition(topic, p)
+            for topic in watched
+            for p in sorted(self._consumer.partitions_for_topic(topic) or {0})
         ]
         self._consumer.assign(parts)
-        # Only results of requests sent from now on matter.
+        # Only results (and dead letters) of requests sent from now on matter.
         self._consumer.seek_to_end(*parts)
         for tp in parts:
             self._consumer.position(tp)
@@ -120,7 +151,9 @@ class Client:
     def classify(
         self, *args: Any, timeout_s: float | None = None, **kwargs: Any
     ) -> ClassificationResult:
-        """Classify one state; raises TimeoutError when no result arrives in time."""
+        """Classify one state; raises `RequestInvalid` before sending, `RequestFailed` when
+        the pipeline refused it (with `dead_letter_topic`), `TimeoutError` when no result
+        arrives in time."""
         future = self.submit(*args, **kwargs)
         try:
             return future.result(timeout=timeout_s or self.timeout_s)
@@ -177,13 +210,34 @@ class Client:
     def _listen(self) -> None:
         while not self._closed.is_set():
             polled = self._consumer.poll(timeout_ms=200)
-            for records in polled.values():
+            for tp, records in polled.items():
                 for rec in records:
-                    try:
-                        result = ClassificationResult.model_validate_json(rec.value)
-                    except ValueError:
-                        continue  # not a result of ours
-                    with self._lock:
-                        future = self._pending.pop(result.id, None)
-                    if future is not None and not future.done():
-                        future.set_result(result)
+                    if tp.topic == self.reply_topic:
+                        self._on_result(rec.value)
+                    else:
+                        self._on_dead_letter(rec.value)
+
+    def _on_result(self, value: bytes) -> None:
+        try:
+            result = ClassificationResult.model_validate_json(value)
+        except ValueError:
+            return  # not a result of ours
+        with self._lock:
+            future = self._pending.pop(result.id, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _on_dead_letter(self, value: bytes) -> None:
+        try:
+            letter = DeadLetter.model_validate_json(value)
+            original = json.loads(letter.original_bytes()) if not letter.truncated else {}
+        except ValueError:
+            return  # not a dead letter we can read
+        # Ours only: a waiting id AND our reply topic in the original request (another
+        # producer may use the same id).
+        if not isinstance(original, dict) or original.get("reply_topic") != self.reply_topic:
+            return
+        with self._lock:
+            future = self._pending.pop(letter.request_id or "", None)
+        if future is not None and not future.done():
+            future.set_exception(RequestFailed(letter))
