@@ -131,8 +131,7 @@ def exported_metrics(monkeypatch: Any) -> dict[str, Exported]:
     monkeypatch.setattr(ray_metrics, "Counter", stand_in(ray_metrics.Counter, "counter"))
     monkeypatch.setattr(ray_metrics, "Gauge", stand_in(ray_metrics.Gauge, "gauge"))
     monkeypatch.setattr(ray_metrics, "Histogram", stand_in(ray_metrics.Histogram, "histogram"))
-    monkeypatch.setattr(controller_metrics, "_GAUGES", {})
-    monkeypatch.setattr(controller_metrics, "_COUNTERS", {})
+    monkeypatch.setattr(controller_metrics, "_METRICS", {})
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
 
     WorkerMetrics("p", "w", use_ray=True)
