@@ -173,8 +173,11 @@ def run_demo(events: int | None, model: str = DEMO_MODEL, timeout_s: float = 600
         print(f"   pool: {p['replicas']} worker(s): {', '.join(p['workers'])}", flush=True)
         if len(answered) == want and len(dead) == 1:
             return 0
-        print(f"   gave up after {timeout_s:.0f}s; the workers' logs end with:", flush=True)
-        _print_worker_logs(ray_tmp)
+        if time.monotonic() >= deadline:
+            print(f"   gave up after {timeout_s:.0f}s; the workers' logs end with:", flush=True)
+            _print_worker_logs(ray_tmp)
+        else:
+            print(f"   expected {want} answers and 1 dead letter", flush=True)
         return 1
     except KeyboardInterrupt:
         print("\nstopping ...", flush=True)

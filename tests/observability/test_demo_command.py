@@ -33,3 +33,19 @@ def test_demo_answers_and_cleans_up() -> None:
     assert "Ray dashboard: http://127.0.0.1:" in proc.stdout
     assert "stopped everything" in proc.stdout
     assert not (_demo_processes() - before)
+
+
+def test_demo_gives_up_after_its_timeout_and_cleans_up() -> None:
+    """With a timeout too short for any answer, the demo says it gave up, exits 1, and
+    still stops everything it started."""
+    before = _demo_processes()
+    proc = subprocess.run(
+        [sys.executable, "-m", "topology.cli", "demo", "--events", "6", "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gave up after 1s" in proc.stdout
+    assert "stopped everything" in proc.stdout
+    assert not (_demo_processes() - before)
