@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "tests" / "worker"):  # the worker tests' helpers: worker_helpers
+# The tests' helpers: waiting (tests/) and worker_helpers (tests/worker/).
+for _p in (ROOT, ROOT / "tests", ROOT / "tests" / "worker"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from worker_helpers import INLINE, OutputReader, Pipeline, count_duplicates, wait_for  # noqa: E402
+from waiting import wait_for  # noqa: E402
+from worker_helpers import INLINE, OutputReader, Pipeline, count_duplicates  # noqa: E402
 
 from workers.kafka_settings import KafkaConnection  # noqa: E402
 

@@ -169,7 +169,10 @@ def test_steady_half_load_does_not_flap(
         # Everything sent is answered.
         reader = io.reader()
         want = set(producer.sent)
-        reader.read_until(lambda rd: set(rd.keys()) >= want, 180, "every steady request")
+        try:
+            reader.read_until(lambda rd: set(rd.keys()) >= want, 180, "every steady request")
+        finally:
+            reader.close()  # its I/O thread would outlive the session's broker
     measured = [x for x in records if t_measure <= x["time"] <= t_end]
     changes = [x for x in records if x["changed"] and x["time"] >= t_start]
     late = [x for x in changes if x["time"] >= t_measure]
