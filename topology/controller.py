@@ -383,25 +383,32 @@ class PipelineRunner:
         elif self.resource_request and running >= want:
             self.resource_request = []
 
-    def _scale_out(self, desired: int) -> None:
+    def _start_replica(self, index: int, verb: str) -> bool:
+        """Create replica `index` (a detached actor under its name) and track it; False
+        (and an event) when the name is still held, by a replica being removed."""
         from workers.actor import create_worker
 
+        name = self.actor_name(index)
+        try:
+            handle = create_worker(
+                self.worker_settings(index),
+                name=name,
+                lifetime="detached",
+                namespace=self.namespace,
+            )
+        except ValueError as exc:
+            self._events.append(f"cannot {verb} {name} yet: {exc}")
+            return False
+        with self._lock:
+            self.replicas[index] = _Replica(index, name, handle, self.clock())
+        return True
+
+    def _scale_out(self, desired: int) -> None:
         while len(self._running()) < desired:
             with self._lock:
                 index = next(i for i in range(len(self.replicas) + 1) if i not in self.replicas)
-            name = self.actor_name(index)
-            try:
-                handle = create_worker(
-                    self.worker_settings(index),
-                    name=name,
-                    lifetime="detached",
-                    namespace=self.namespace,
-                )
-            except ValueError as exc:  # the name is still held (a replica being removed)
-                self._events.append(f"cannot start {name} yet: {exc}")
+            if not self._start_replica(index, "start"):
                 return
-            with self._lock:
-                self.replicas[index] = _Replica(index, name, handle, self.clock())
 
     def _scale_in(self, desired: int) -> None:
         # Those not running yet (starting, or waiting for resources) first, then the
@@ -447,7 +454,6 @@ class PipelineRunner:
     # 5 ----------------------------------------------------------------------------
 
     def _replace_dead(self, dead: set[int]) -> None:
-        from workers.actor import create_worker
 
         for index in sorted(dead):
             with self._lock:
@@ -465,18 +471,8 @@ class PipelineRunner:
                 continue
             except ValueError:
                 pass
-            try:
-                handle = create_worker(
-                    self.worker_settings(index),
-                    name=replica.name,
-                    lifetime="detached",
-                    namespace=self.namespace,
-                )
-            except ValueError as exc:
-                self._events.append(f"cannot restart {replica.name} yet: {exc}")
+            if not self._start_replica(index, "restart"):
                 continue
-            with self._lock:
-                self.replicas[index] = _Replica(index, replica.name, handle, self.clock())
             self.restarts += 1
             why = "its actor died" if replica.state == "dead" else f"it was {replica.state}"
             self._events.append(f"restarted {replica.name}: {why}")

@@ -4,9 +4,9 @@ the malformed one, exits 0 and leaves no broker or Ray process behind."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
+from cli_runner import run_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.broker, pytest.mark.model, pytest.mark.slow]
 
@@ -23,21 +23,7 @@ def _demo(give_up_s: int, expect_rc: int) -> str:
     before = _demo_processes()  # another demo may be running: only ours must be gone
     # The demo gives up by itself before this test's timeout, so a stuck pool still ends
     # with the pool's state and the workers' logs in its output, and cleans up.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "topology.cli",
-            "demo",
-            "--events",
-            "6",
-            "--timeout",
-            str(give_up_s),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=give_up_s + 200,
-    )
+    proc = run_cli("demo", "--events", "6", "--timeout", str(give_up_s), timeout=give_up_s + 200)
     assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "stopped everything" in proc.stdout
     assert not (_demo_processes() - before)

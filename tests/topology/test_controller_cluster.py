@@ -9,15 +9,13 @@ that crashes comes back and adopts its workers.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cli_runner import run_cli
 from waiting import wait_for
 
 from bench.autoscale_spike import (
@@ -119,19 +117,6 @@ def _adopted(ctl: Any, name: str) -> dict[str, Any] | None:
     return st if adopted == 3 and st["ready"] == 3 else None
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # RAY_AUTH_MODE and RAY_AUTH_TOKEN: the test cluster's, unless `env` says otherwise.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "topology.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def test_one_worker_per_gpu_over_three_nodes(
     three_node_cluster: Any, kafka_connection: KafkaConnection, tmp_path: Path
 ) -> None:
@@ -154,7 +139,7 @@ def test_one_worker_per_gpu_over_three_nodes(
     prefix = f"dgstream-{name}-"
     # `dgstream run --detach` starts the controller (deployment and namespace from the
     # file); `running_controller` finds it by name and removes it at the end.
-    run = _cli("run", str(path), "--detach", "--address", c.address)
+    run = run_cli("run", str(path), "--detach", "--address", c.address, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     with running_controller(topo, drain=False) as ctl:
         # The topics, as the spec asks; one worker per GPU, over all three nodes.
@@ -198,7 +183,9 @@ def test_one_worker_per_gpu_over_three_nodes(
 
         # `dgstream status --json`: deployment and namespace from the topology file,
         # the address of this cluster.
-        proc = _cli("status", "--json", "--topology", str(path), "--address", c.address)
+        proc = run_cli(
+            "status", "--json", "--topology", str(path), "--address", c.address, timeout=180
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         report = json.loads(proc.stdout)
         p = report["pipelines"][name]
@@ -224,13 +211,18 @@ def test_one_worker_per_gpu_over_three_nodes(
         back = wait_for(lambda: _adopted(ctl, name), 120, "the controller back, adopting")
         assert sorted(back["workers"]) == workers and back["restarts"] == 0, back
         # A deployment that is not running: exit status 3.
-        missing = _cli("status", "--address", c.address, "--namespace", ns, "--deployment", "nope")
+        missing = run_cli(
+            "status", "--address", c.address, "--namespace", ns, "--deployment", "nope", timeout=180
+        )
         assert missing.returncode == 3, missing.stderr[-2000:]
         # Token authentication is on: a client with another token is refused.
         from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
         assert is_token_auth_enabled()
-        refused = _cli("status", "--address", c.address, env={"RAY_AUTH_TOKEN": "0" * 64})
+        # RAY_AUTH_MODE and RAY_AUTH_TOKEN are the test cluster's; a wrong token here.
+        refused = run_cli(
+            "status", "--address", c.address, env={"RAY_AUTH_TOKEN": "0" * 64}, timeout=180
+        )
         assert refused.returncode == 2 and "cannot connect" in refused.stderr, refused.stderr
         # Ray's request is withdrawn when the controller shuts down.
     assert _ray_resource_request() == []

@@ -4,27 +4,15 @@ produce (validation before sending), tail (results), dlq (inspect, replay), ask 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from cli_runner import run_cli
 from worker_helpers import OutputReader, Pipeline, WorkerThread
 
 pytestmark = [pytest.mark.broker]
 
 QUESTIONS = {"toxic": {"type": "noul", "instructions": "Is it toxic?"}}
-
-
-def _dgstream(*args: str, stdin: str | None = None, timeout: float = 120) -> Any:
-    return subprocess.run(
-        [sys.executable, "-m", "topology.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_produce_tail_dlq_and_replay(
@@ -37,12 +25,12 @@ def test_produce_tail_dlq_and_replay(
     path.write_text("\n".join(lines) + "\n")
 
     # produce: the bad line is refused with its code and line number; the rest are sent.
-    out = _dgstream("produce", pipeline.input, str(path), "--bootstrap", boot)
+    out = run_cli("produce", pipeline.input, str(path), "--bootstrap", boot)
     assert out.returncode == 1, out.stderr
     assert "sent 5, refused 1" in out.stdout
     assert "line 6: WRONG_TYPE" in out.stderr and "state" in out.stderr
     # --no-validate sends it anyway: the worker dead-letters it.
-    out = _dgstream(
+    out = run_cli(
         "produce", pipeline.input, "--no-validate", "--bootstrap", boot, stdin=lines[-1] + "\n"
     )
     assert out.returncode == 0 and "sent 1, refused 0" in out.stdout
@@ -52,7 +40,7 @@ def test_produce_tail_dlq_and_replay(
     reader.read_until(lambda r: len(set(r.keys())) >= 5, 60, "5 results")
 
     # tail: one readable line per result.
-    out = _dgstream("tail", pipeline.output, "--from-beginning", "--max", "5", "--bootstrap", boot)
+    out = run_cli("tail", pipeline.output, "--from-beginning", "--max", "5", "--bootstrap", boot)
     assert out.returncode == 0, out.stderr
     assert sorted(line.split()[0] for line in out.stdout.splitlines()) == sorted(
         g["id"] for g in good
@@ -61,7 +49,7 @@ def test_produce_tail_dlq_and_replay(
 
     # dlq: the dead letter names its code, field and source; replay sends the original.
     replay = pipeline.input + "-replay"
-    out = _dgstream(
+    out = run_cli(
         "dlq",
         pipeline.dead,
         "--from-beginning",
@@ -86,11 +74,11 @@ def test_produce_tail_dlq_and_replay(
 @pytest.mark.model
 def test_ask_answers_locally() -> None:
     req = json.dumps({"id": "ask-1", "state": "hello", "questions": QUESTIONS})
-    out = _dgstream("ask", req, "--json", "--device", "cpu")
+    out = run_cli("ask", req, "--json", "--device", "cpu")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["id"] == "ask-1" and result["answers"]["toxic"]["type"] == "yes_no"
-    bad = _dgstream("ask", '{"id": "x"}')
+    bad = run_cli("ask", '{"id": "x"}')
     assert bad.returncode == 2
     assert json.loads(bad.stdout)["error"]["code"] == "MISSING_FIELD"
 
@@ -98,7 +86,7 @@ def test_ask_answers_locally() -> None:
 @pytest.mark.slow
 def test_bench_runs_and_reports_ratios(pipeline: Pipeline) -> None:
     boot = ",".join(pipeline.conn.bootstrap_servers)
-    out = _dgstream(
+    out = run_cli(
         "bench",
         "--bootstrap",
         boot,
