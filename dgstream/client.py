@@ -230,11 +230,17 @@ class Client:
     def _on_dead_letter(self, value: bytes) -> None:
         try:
             letter = DeadLetter.model_validate_json(value)
-            original = json.loads(letter.original_bytes()) if not letter.truncated else {}
         except ValueError:
             return  # not a dead letter we can read
+        with self._lock:
+            if letter.request_id not in self._pending:
+                return  # the common case: someone else's; its original is not decoded
         # Ours only: a waiting id AND our reply topic in the original request (another
         # producer may use the same id).
+        try:
+            original = json.loads(letter.original_bytes()) if not letter.truncated else {}
+        except ValueError:
+            return
         if not isinstance(original, dict) or original.get("reply_topic") != self.reply_topic:
             return
         with self._lock:
