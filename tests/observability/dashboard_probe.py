@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -33,13 +34,14 @@ def main() -> int:
     from workers.kafka_settings import KafkaConnection
     from workers.settings import WorkerSettings
 
+    temp_dir = tempfile.mkdtemp(prefix="dgdash-", dir="/tmp")  # short: it holds sockets
     ctx = ray.init(
         address="local",
         num_cpus=2,
         include_dashboard=True,
         dashboard_host="127.0.0.1",
         _metrics_export_port=int(metrics_port),
-        _temp_dir=tempfile.mkdtemp(prefix="dgdash-", dir="/tmp"),
+        _temp_dir=temp_dir,
         log_to_driver=False,
     )
     report: dict[str, Any] = {"dashboard": ctx.dashboard_url}
@@ -92,6 +94,7 @@ def main() -> int:
         ray.kill(handle, no_restart=True)
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     print("REPORT " + json.dumps(report))
     return 0
 
