@@ -364,6 +364,27 @@ def use_experts(model: Any, name: str) -> None:
     model.set_experts_implementation(name)
 
 
+def scale_qk_norms(model: Any, factor: float) -> None:
+    """Multiply the text layers' `q_norm`/`k_norm` weights by `factor`.
+
+    Gemma 4 attention (hence DiffusionGemma's) RMS-normalizes queries and keys and then uses
+    `scaling = 1.0`, so an attention logit is `head_dim * g_q * g_k * cos(q, k)`. With the
+    norms' weights at their default 1.0 and head_dim 64 the logits of a fresh model have a
+    standard deviation of about 8: every head attends almost one-hot to an arbitrary
+    position (mean attention entropy 0.7 nats over ~300 keys, measured on the demo spec), the
+    softmax is saturated and attention patterns barely learn. That is why runs 1-5 never
+    learned the lookups (a question id to its question, an option to its letter).
+    `head_dim ** -0.25` (0.354) on both weights gives logits of standard deviation ~1, the
+    usual 1/sqrt(d) regime, and the weights stay trainable."""
+    import torch
+
+    with torch.no_grad():
+        # named_modules() yields a shared module once, so tied layers are scaled once.
+        for name, module in model.named_modules():
+            if name.endswith(("q_norm", "k_norm")) and "vision" not in name:
+                module.weight.mul_(factor)
+
+
 class DemoModel:
     @staticmethod
     def load(path: Path) -> Any:
@@ -416,6 +437,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         init = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init, dtype=torch.float32)
         model.load_state_dict(init.state_dict())
         print(f"continuing from {args.init}", flush=True)
+    if args.qk_norm_scale is None:
+        # A fresh model gets logits of unit spread (see scale_qk_norms); saved weights
+        # already carry their learned scale.
+        args.qk_norm_scale = 1.0 if args.init else round(spec.head_dim**-0.25, 4)
+    if args.qk_norm_scale != 1.0:
+        scale_qk_norms(model, args.qk_norm_scale)
+        print(f"q_norm/k_norm weights scaled by {args.qk_norm_scale}", flush=True)
     model = model.to(device)
     # The experts: `grouped_mm` (the default) wants bf16 weights on CUDA, and the master
     # weights here are fp32 under bf16 autocast; `dense` computes the same sum with fewer
@@ -532,8 +560,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "largest_weight": round(biggest, 3),
             "safetensors_mb": round(size_mb, 3),
             "experts": args.experts,
+            "qk_norm_scale": args.qk_norm_scale,
             "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
             f"--lr {args.lr} --warmup {warmup} --seed {args.seed} --experts {args.experts}"
+            + f" --qk-norm-scale {args.qk_norm_scale}"
             + (f" --init {args.init}" if args.init else ""),
         }
     )
@@ -597,6 +627,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("eager", "dense"),
         default="dense",
         help="MoE implementation while training (the same sums; dense has fewer kernels)",
+    )
+    p.add_argument(
+        "--qk-norm-scale",
+        type=float,
+        default=None,
+        help="multiply the q_norm/k_norm weights after init or --init (default: "
+        "head_dim ** -0.25 for a fresh model, 1.0 with --init; see scale_qk_norms)",
     )
     p.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels on CUDA too (slow)"

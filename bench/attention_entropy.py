@@ -1,0 +1,108 @@
+"""How sharp the demo model's attention is: mean entropy (nats) and mean top weight of every
+text attention layer over a few held-out requests, for a fresh model (the demo spec's seed)
+with the q_norm/k_norm weights as they are and scaled, and for the committed checkpoint (and
+`--also DIR`, another one).
+
+This is the measurement behind `bench.train_demo_model --qk-norm-scale`: with the norms at
+1.0 a fresh model's heads attend almost one-hot (entropy ~0.7 nats over ~300 keys), so the
+softmax is saturated and attention patterns barely learn; scaled by head_dim ** -0.25 they
+start near uniform (~4.5-5.3 nats), the usual 1/sqrt(d) regime.
+
+    python -m bench.attention_entropy            # CPU, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from bench.train_demo_model import (
+    _tensors,
+    collate,
+    forward_slots,
+    request_reads,
+    scale_qk_norms,
+)
+from workers import demo_tasks
+from workers.engine.template import ChatFormat, LayoutCache
+
+
+def layer_entropies(model: Any, batch: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Layer name -> (mean attention entropy in nats, mean top weight) over all queries."""
+    import torch
+
+    model.set_attn_implementation("eager")  # the only one that returns the weights
+    model.eval()
+    seen: dict[str, tuple[float, float]] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if not name.endswith("self_attn") or "vision" in name:
+            continue
+
+        def hook(mod: Any, args: Any, kwargs: Any, out: Any, name: str = name) -> None:
+            weights = out[1]
+            p = weights.clamp_min(1e-12)
+            entropy = -(p * p.log()).sum(-1).mean()
+            seen[name] = (float(entropy), float(weights.max(-1).values.mean()))
+
+        hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+    with torch.no_grad():
+        forward_slots(model, batch)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import torch
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    from workers.engine import models
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--scale", type=float, default=64**-0.25, help="q_norm/k_norm factor")
+    p.add_argument("--also", default="", help="another checkpoint directory to measure")
+    args = p.parse_args(argv)
+
+    trained = models.TRAINED_DIRS["demo"]
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(trained)))
+    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    items = []
+    for ex in demo_tasks.held_out_examples(3, args.requests):
+        items.extend(request_reads(chat, layouts, ex, seed=0))
+    batch = _tensors(collate(items, chat.pad_id), "cpu")
+
+    def fresh() -> Any:
+        torch.manual_seed(models.SPECS["demo"].seed)
+        return DiffusionGemmaForBlockDiffusion(models.tiny_config(models.SPECS["demo"]))
+
+    def committed() -> Any:
+        return DiffusionGemmaForBlockDiffusion.from_pretrained(str(trained), dtype=torch.float32)
+
+    print("| model | q/k norm factor | mean entropy (nats), per layer | mean top weight |")
+    print("|---|---:|---|---:|")
+
+    def other() -> Any:
+        return DiffusionGemmaForBlockDiffusion.from_pretrained(args.also, dtype=torch.float32)
+
+    builds = [("fresh", fresh), ("committed", committed)]
+    if args.also:
+        builds.append((args.also, other))
+    for label, build in builds:
+        # Only a fresh model is measured scaled: that is the initialisation choice.
+        for factor in (1.0, args.scale) if label == "fresh" else (1.0,):
+            model = build()
+            if factor != 1.0:
+                scale_qk_norms(model, factor)
+            stats = layer_entropies(model, batch)
+            ent = " ".join(f"{e:.2f}" for e, _ in stats.values())
+            top = sum(t for _, t in stats.values()) / len(stats)
+            print(f"| {label} | {factor:.3f} | {ent} | {top:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
