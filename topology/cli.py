@@ -9,6 +9,33 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+
+class _Refused(Exception):
+    """A command that cannot run as asked (a bad topology file, a missing secret, Ray out
+    of reach): `main` prints `error: <message>` on stderr and exits with status 2."""
+
+
+def _load_topology(path: str) -> Any:
+    from topology.spec import SpecError, load_topology
+
+    try:
+        return load_topology(path)
+    except SpecError as exc:
+        raise _Refused(str(exc)) from exc
+
+
+def _connect(spec: Any, **init_kwargs: Any) -> None:
+    """`ray.init` through the topology's Ray section (token, namespace, address)."""
+    from topology.spec import SpecError
+
+    try:
+        spec.init(**init_kwargs)
+    except SpecError as exc:
+        raise _Refused(str(exc)) from exc
+    except ConnectionError as exc:  # unreachable, or refused (token authentication)
+        raise _Refused(f"cannot connect to Ray at {spec.address}: {exc}") from exc
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
@@ -59,27 +86,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import yaml
 
     from topology.controller import start_controller, stop_controller
-    from topology.spec import SpecError, load_topology
 
-    try:
-        topo = load_topology(args.topology)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    topo = _load_topology(args.topology)
     # The controller runs in its own process: hand it the secrets the Kafka section names
     # (only those), checked here so that a missing one fails now, not in the actor.
     names = [n for n in (topo.kafka.sasl_password_env, topo.kafka.ssl_password_env) if n]
     missing = [n for n in names if n not in os.environ]
     if missing:
-        print(f"error: environment variable(s) not set: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        raise _Refused(f"environment variable(s) not set: {', '.join(missing)}")
     environ = {n: os.environ[n] for n in names}
     address = args.address or topo.ray.address
-    try:
-        topo.ray.model_copy(update={"address": address}).init(log_to_driver=False)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
     raw = yaml.safe_load(Path(args.topology).read_text())
     ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace, environ or None)
     try:
@@ -111,15 +128,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     import ray
 
     from topology.controller import DEFAULT_NAMESPACE, get_controller
-    from topology.spec import RaySpec, SpecError, load_topology
+    from topology.spec import RaySpec
 
     spec = RaySpec(address="auto", namespace=DEFAULT_NAMESPACE)
     if args.topology is not None:
-        try:
-            spec = load_topology(args.topology).ray
-        except SpecError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        spec = _load_topology(args.topology).ray
     spec = spec.model_copy(
         update={
             "address": args.address or spec.address or "auto",
@@ -127,14 +140,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             "deployment": args.deployment or spec.deployment,
         }
     )
-    try:
-        spec.init(log_to_driver=False, logging_level="WARNING")
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionError as exc:  # unreachable, or refused (token authentication)
-        print(f"error: cannot connect to Ray at {spec.address}: {exc}", file=sys.stderr)
-        return 2
+    _connect(spec, log_to_driver=False, logging_level="WARNING")
     try:
         try:
             ctl = get_controller(spec.deployment, spec.namespace)
@@ -253,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except _Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return rc
 
 
