@@ -82,8 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     def committed() -> Any:
         return DiffusionGemmaForBlockDiffusion.from_pretrained(str(trained), dtype=torch.float32)
 
-    print("| model | q/k norm factor | mean entropy (nats), per layer | mean top weight |")
-    print("|---|---:|---|---:|")
+    print(
+        "| model | q/k norm factor | mean q/k norm weight | mean entropy (nats), per layer "
+        "| mean top weight |"
+    )
+    print("|---|---:|---:|---|---:|")
 
     def other() -> Any:
         return DiffusionGemmaForBlockDiffusion.from_pretrained(args.also, dtype=torch.float32)
@@ -100,7 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             stats = layer_entropies(model, batch)
             ent = " ".join(f"{e:.2f}" for e, _ in stats.values())
             top = sum(t for _, t in stats.values()) / len(stats)
-            print(f"| {label} | {factor:.3f} | {ent} | {top:.2f} |")
+            norms = {
+                id(m.weight): float(m.weight.mean())
+                for n, m in model.named_modules()
+                if n.endswith(("q_norm", "k_norm")) and "vision" not in n
+            }
+            g = sum(norms.values()) / len(norms)
+            print(f"| {label} | {factor:.3f} | {g:.3f} | {ent} | {top:.2f} |")
     return 0
 
 

@@ -1,0 +1,113 @@
+"""The demo model's training script: the attention temperature at init and the training mix.
+
+`scale_qk_norms` is why runs after 2026-11-30's round 1 learn lookups at all (see
+docs/benchmarks.md, "How the committed checkpoint was trained"); these tests pin what its
+default rests on. The mix (`--keep-other`) must stay deterministic and keep every request
+with a choice question.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench import train_demo_model as T
+from bench.attention_entropy import layer_entropies
+from workers import demo_tasks
+from workers.engine import models
+from workers.engine.template import ChatFormat, LayoutCache
+
+pytestmark = pytest.mark.model
+
+
+def _fresh() -> Any:
+    import torch
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.manual_seed(models.SPECS["demo"].seed)
+    return DiffusionGemmaForBlockDiffusion(models.tiny_config(models.SPECS["demo"]))
+
+
+def _text_norms(model: Any) -> dict[str, Any]:
+    return {
+        name: module.weight.detach().clone()
+        for name, module in model.named_modules()
+        if name.endswith(("q_norm", "k_norm")) and "vision" not in name
+    }
+
+
+@pytest.fixture(scope="module")
+def batch() -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(models.TRAINED_DIRS["demo"])))
+    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    items = []
+    for ex in demo_tasks.held_out_examples(3, 4):
+        items.extend(T.request_reads(chat, layouts, ex, seed=0))
+    return T._tensors(T.collate(items, chat.pad_id), "cpu")
+
+
+def test_scale_qk_norms_scales_each_text_norm_once() -> None:
+    model = _fresh()
+    vision_before = {
+        n: m.weight.detach().clone()
+        for n, m in model.named_modules()
+        if n.endswith(("q_norm", "k_norm")) and "vision" in n
+    }
+    before = _text_norms(model)
+    assert before and all(bool((w == 1.0).all()) for w in before.values())
+    T.scale_qk_norms(model, 0.25)
+    after = _text_norms(model)
+    # Shared (tied) modules are scaled once: 0.25, never 0.0625.
+    assert all(bool((w == 0.25).all()) for w in after.values()), after
+    for n, m in model.named_modules():
+        if n in vision_before:
+            assert bool((m.weight == vision_before[n]).all()), n
+
+
+def test_default_scale_takes_a_fresh_model_out_of_one_hot_attention(batch: Any) -> None:
+    """The measurement behind the default (head_dim ** -0.25): unscaled, a fresh model's
+    deeper layers attend almost one-hot; scaled, every layer starts near uniform."""
+    unscaled = layer_entropies(_fresh(), batch)
+    model = _fresh()
+    T.scale_qk_norms(model, models.SPECS["demo"].head_dim ** -0.25)
+    scaled = layer_entropies(model, batch)
+    assert set(unscaled) == set(scaled) and len(scaled) == 2 * 6  # encoder + decoder layers
+    assert np.median([e for e, _ in unscaled.values()]) < 1.0, unscaled
+    assert min(e for e, _ in scaled.values()) > 3.5, scaled
+
+
+@pytest.fixture(scope="module")
+def worker_state() -> None:
+    T._init_worker(str(models.TRAINED_DIRS["demo"]), models.SPECS["demo"].canvas_length)
+
+
+def _choice_share(batches: list[dict[str, Any]]) -> float:
+    kinds = np.concatenate([b["kinds"] for b in batches])
+    return float((kinds == T.KINDS.index("choice")).mean())
+
+
+def test_training_mix_is_deterministic_and_favours_choice(worker_state: None) -> None:
+    plain = T.make_group((0, 0, 32, 2, 1.0))
+    focused = T.make_group((0, 0, 32, 2, 0.3))
+    again = T.make_group((0, 0, 32, 2, 0.3))
+    assert len(focused) == len(plain) == 2
+    for a, b in zip(focused, again, strict=True):
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert _choice_share(focused) > _choice_share(plain) + 0.03
+
+
+def test_training_mix_keeps_every_choice_request() -> None:
+    seeds = demo_tasks.training_seeds(5, 400)
+    for s in seeds:
+        ex = demo_tasks.example(s)
+        has_choice = any(t.task in T.CHOICE_TASKS for t in ex.tasks.values())
+        if has_choice:
+            assert T._kept(ex, s, 0.0)
+        assert T._kept(ex, s, 1.0)
+    kept = sum(T._kept(demo_tasks.example(s), s, 0.3) for s in seeds)
+    assert 0.55 * len(seeds) < kept < 0.85 * len(seeds)
