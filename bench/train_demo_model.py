@@ -63,6 +63,64 @@ from workers.engine.types import Read
 
 KINDS = ("yes_no", "choice", "score")
 
+# ------------------------------------------------------------------ training-only questions
+
+# Yes/no questions that name ONE category ("Is the message about food?", "Is the text in
+# french?"), added to training requests with `--category-share`. Their truth is the family's
+# own (`topic_of`, `language_of`); they give the word -> topic/language link a direct signal,
+# which the choice questions need (docs/benchmarks.md: the committed checkpoint finds
+# "english" but not the other languages or the topics). The held-out family is unchanged.
+_CATEGORY_WORDINGS = {
+    "about_topic": (
+        "Is the message about {c}?",
+        "Does the text talk about {c}?",
+        "Is {c} the topic of the message?",
+    ),
+    "in_language": (
+        "Is the message written in {c}?",
+        "Is the text in {c}?",
+        "Does the user write in {c}?",
+    ),
+}
+_KIND_OF = {**demo_tasks.KIND_OF, **dict.fromkeys(_CATEGORY_WORDINGS, "yes_no")}
+
+
+def with_category_question(ex: demo_tasks.Example, s: int, share: float) -> demo_tasks.Example:
+    """`ex` with one category yes/no question inserted at a random place, for a `share` of
+    the requests that have room for it (decided by the request seed `s` alone); about half
+    of the answers are yes."""
+    rng = random.Random(f"category/{s}")
+    questions = ex.request["questions"]
+    if rng.random() >= share or len(questions) >= demo_tasks.MAX_QUESTIONS:
+        return ex
+    state = ex.request["state"]
+    task = rng.choice(tuple(_CATEGORY_WORDINGS))
+    if task == "about_topic":
+        universe: tuple[str, ...] = demo_tasks.TOPICS
+        actual: str | None = demo_tasks.topic_of(state)
+    else:
+        universe, actual = demo_tasks.LANGUAGES, demo_tasks.language_of(state)
+    if actual is not None and rng.random() < 0.5:
+        category = actual
+    else:
+        category = rng.choice([c for c in universe if c != actual])
+    qid = next(
+        q
+        for q in (rng.choice((f"is_{category}", f"about_{category}", "category")), "aux_q")
+        if q not in questions
+    )
+    wire = {
+        "type": rng.choice(("noul", "yes_no")),
+        "instructions": rng.choice(_CATEGORY_WORDINGS[task]).format(c=category),
+    }
+    items = list(questions.items())
+    items.insert(rng.randint(0, len(items)), (qid, wire))
+    request = {**ex.request, "questions": dict(items)}
+    truth = {**ex.truth, qid: "yes" if category == actual else "no"}
+    tasks = {**ex.tasks, qid: demo_tasks.TaskQuestion(task)}
+    return demo_tasks.Example(request, truth, tasks)
+
+
 # --------------------------------------------------------------------------- reads
 
 
@@ -91,7 +149,7 @@ def request_reads(
         for slot in layout.slots:
             _, answers = labels_and_answers(qs[slot.question_id])
             targets.append(slot.label_ids[answers.index(ex.truth[slot.question_id])])
-            kinds.append(demo_tasks.KIND_OF[ex.tasks[slot.question_id].task])
+            kinds.append(_KIND_OF[ex.tasks[slot.question_id].task])
         out.append((read, targets, kinds))
     return out
 
@@ -165,12 +223,13 @@ def _kept(ex: demo_tasks.Example, s: int, keep_other: float) -> bool:
     return random.Random(f"keep/{s}").random() < keep_other
 
 
-def make_group(job: tuple[int, int, int, int, float]) -> list[dict[str, Any]]:
+def make_group(job: tuple[int, int, int, int, float, float]) -> list[dict[str, Any]]:
     """Group `index` of stream `seed`: `group * size` requests (training seeds only), their
     reads sorted by prompt length and cut into `group` batches of `size` requests' reads
     (less padding), in an order shuffled by the group's own seed. `keep_other` < 1 keeps
-    only that share of the requests without a choice question (`--keep-other`)."""
-    seed, index, size, group, keep_other = job
+    only that share of the requests without a choice question (`--keep-other`);
+    `category_share` adds a category yes/no question (`--category-share`)."""
+    seed, index, size, group, keep_other, category_share = job
     chat, layouts = _W["chat"], _W["layouts"]
     want = size * group
     draws = want if keep_other >= 1.0 else want * _DRAWS_PER_REQUEST
@@ -179,6 +238,8 @@ def make_group(job: tuple[int, int, int, int, float]) -> list[dict[str, Any]]:
         ex = demo_tasks.example(s)
         if not _kept(ex, s, keep_other):
             continue
+        if category_share > 0:
+            ex = with_category_question(ex, s, category_share)
         # The noise seed's base differs per request (the request seed), so every read of
         # the stream gets fresh slot noise.
         per_request.append(request_reads(chat, layouts, ex, seed=s))
@@ -207,8 +268,10 @@ class Batches:
         workers: int,
         group: int,
         keep_other: float = 1.0,
+        category_share: float = 0.0,
     ):
-        self.seed, self.size, self.group, self.keep_other = seed, size, group, keep_other
+        self.seed, self.size, self.group = seed, size, group
+        self.keep_other, self.category_share = keep_other, category_share
         self.pool = None
         if workers > 0:
             import multiprocessing as mp
@@ -223,7 +286,14 @@ class Batches:
         self.ready: collections.deque[dict[str, Any]] = collections.deque()
 
     def _submit(self) -> None:
-        job = (self.seed, self.next_index, self.size, self.group, self.keep_other)
+        job = (
+            self.seed,
+            self.next_index,
+            self.size,
+            self.group,
+            self.keep_other,
+            self.category_share,
+        )
         self.next_index += 1
         if self.pool is not None:
             self.ahead.append(self.pool.apply_async(make_group, (job,)))
@@ -502,7 +572,14 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     total = args.max_steps if auto_steps else int(args.steps)
     warmup = min(args.warmup, max(1, total // 10)) if not auto_steps else args.warmup
     batches = Batches(
-        out, spec.canvas_length, args.seed, args.batch, args.workers, args.group, args.keep_other
+        out,
+        spec.canvas_length,
+        args.seed,
+        args.batch,
+        args.workers,
+        args.group,
+        args.keep_other,
+        args.category_share,
     )
     print(
         f"demo model: {n_params / 1e6:.2f} M parameters on {device}; batch {args.batch} "
@@ -602,9 +679,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "experts": args.experts,
             "qk_norm_scale": args.qk_norm_scale,
             "keep_other": args.keep_other,
+            "category_share": args.category_share,
             "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
             f"--lr {args.lr} --warmup {warmup} --seed {args.seed} --experts {args.experts}"
             + f" --qk-norm-scale {args.qk_norm_scale} --keep-other {args.keep_other}"
+            + f" --category-share {args.category_share}"
             + (f" --init {args.init}" if args.init else ""),
         }
     )
@@ -682,6 +761,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1.0,
         help="share of the requests WITHOUT a choice question kept in training (1.0: the "
         "family as it comes; 0.3: about 4 in 5 training requests hold a choice question)",
+    )
+    p.add_argument(
+        "--category-share",
+        type=float,
+        default=0.0,
+        help="share of the training requests (with fewer than 4 questions) that get one more "
+        "yes/no question naming a topic or language (see with_category_question)",
     )
     p.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels on CUDA too (slow)"

@@ -3,7 +3,8 @@
 `scale_qk_norms` is why runs after 2026-11-30's round 1 learn lookups at all (see
 docs/benchmarks.md, "How the committed checkpoint was trained"); these tests pin what its
 default rests on. The mix (`--keep-other`) must stay deterministic and keep every request
-with a choice question.
+with a choice question; the training-only category questions (`--category-share`) must carry
+the task family's own truth.
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ def _choice_share(batches: list[dict[str, Any]]) -> float:
 
 
 def test_training_mix_is_deterministic_and_favours_choice(worker_state: None) -> None:
-    plain = T.make_group((0, 0, 32, 2, 1.0))
-    focused = T.make_group((0, 0, 32, 2, 0.3))
-    again = T.make_group((0, 0, 32, 2, 0.3))
+    plain = T.make_group((0, 0, 32, 2, 1.0, 0.0))
+    focused = T.make_group((0, 0, 32, 2, 0.3, 0.0))
+    again = T.make_group((0, 0, 32, 2, 0.3, 0.0))
     assert len(focused) == len(plain) == 2
     for a, b in zip(focused, again, strict=True):
         assert a.keys() == b.keys()
@@ -111,3 +112,45 @@ def test_training_mix_keeps_every_choice_request() -> None:
         assert T._kept(ex, s, 1.0)
     kept = sum(T._kept(demo_tasks.example(s), s, 0.3) for s in seeds)
     assert 0.55 * len(seeds) < kept < 0.85 * len(seeds)
+
+
+def test_category_questions_have_the_family_truth(worker_state: None) -> None:
+    """Each added question names one topic or language; its truth is the family's own
+    (`topic_of` / `language_of`), about half yes; nothing else in the request changes."""
+    from transformers import AutoTokenizer
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(models.TRAINED_DIRS["demo"])))
+    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    added, yes = 0, 0
+    for s in demo_tasks.training_seeds(6, 300):
+        ex = demo_tasks.example(s)
+        out = T.with_category_question(ex, s, 1.0)
+        assert T.with_category_question(ex, s, 0.0) is ex
+        assert T.with_category_question(ex, s, 1.0) == out  # deterministic
+        new = set(out.request["questions"]) - set(ex.request["questions"])
+        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
+            assert not new
+            continue
+        (qid,) = new
+        assert demo_tasks.QUESTION_ID_RE.match(qid)
+        for old_id, q in ex.request["questions"].items():
+            assert out.request["questions"][old_id] == q
+            assert out.truth[old_id] == ex.truth[old_id]
+        task, wire = out.tasks[qid].task, out.request["questions"][qid]
+        state = ex.request["state"]
+        names = demo_tasks.TOPICS if task == "about_topic" else demo_tasks.LANGUAGES
+        words = set(wire["instructions"].rstrip("?").split())
+        (named,) = [c for c in names if c in words]
+        if task == "about_topic":
+            actual = demo_tasks.topic_of(state)
+        else:
+            actual = demo_tasks.language_of(state)
+        assert out.truth[qid] == ("yes" if named == actual else "no"), (state, wire)
+        # The engine's reads carry it as a yes/no slot with the right target.
+        reads = T.request_reads(chat, layouts, out, seed=s)
+        kinds = {sl.question_id: k for r, _, ks in reads for sl, k in zip(r.slots, ks, strict=True)}
+        assert kinds[qid] == "yes_no"
+        added += 1
+        yes += out.truth[qid] == "yes"
+    assert added > 100
+    assert 0.3 < yes / added < 0.7
