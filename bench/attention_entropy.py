@@ -16,16 +16,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bench.train_demo_model import (
-    _tensors,
-    collate,
+    DemoModel,
     forward_slots,
-    request_reads,
+    held_out_batch,
     scale_qk_norms,
+    text_qk_norm_weights,
 )
-from workers import demo_tasks
 from workers.engine.template import ChatFormat, LayoutCache
 
 
@@ -70,30 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     trained = models.TRAINED_DIRS["demo"]
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(trained)))
     layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
-    items = []
-    for ex in demo_tasks.held_out_examples(3, args.requests):
-        items.extend(request_reads(chat, layouts, ex, seed=0))
-    batch = _tensors(collate(items, chat.pad_id), "cpu")
+    _, batch = held_out_batch(chat, layouts, split=3, count=args.requests)
 
     def fresh() -> Any:
         torch.manual_seed(models.SPECS["demo"].seed)
         return DiffusionGemmaForBlockDiffusion(models.tiny_config(models.SPECS["demo"]))
 
-    def committed() -> Any:
-        return DiffusionGemmaForBlockDiffusion.from_pretrained(str(trained), dtype=torch.float32)
-
+    builds = [("fresh", fresh), ("committed", lambda: DemoModel.load(trained))]
+    if args.also:
+        builds.append((args.also, lambda: DemoModel.load(Path(args.also))))
     print(
         "| model | q/k norm factor | mean q/k norm weight | mean entropy (nats), per layer "
         "| mean top weight |"
     )
     print("|---|---:|---:|---|---:|")
-
-    def other() -> Any:
-        return DiffusionGemmaForBlockDiffusion.from_pretrained(args.also, dtype=torch.float32)
-
-    builds = [("fresh", fresh), ("committed", committed)]
-    if args.also:
-        builds.append((args.also, other))
     for label, build in builds:
         # Only a fresh model is measured scaled: that is the initialisation choice.
         for factor in (1.0, args.scale) if label == "fresh" else (1.0,):
@@ -103,12 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stats = layer_entropies(model, batch)
             ent = " ".join(f"{e:.2f}" for e, _ in stats.values())
             top = sum(t for _, t in stats.values()) / len(stats)
-            norms = {
-                id(m.weight): float(m.weight.mean())
-                for n, m in model.named_modules()
-                if n.endswith(("q_norm", "k_norm")) and "vision" not in n
-            }
-            g = sum(norms.values()) / len(norms)
+            norms = [float(w.mean()) for w in text_qk_norm_weights(model)]
+            g = sum(norms) / len(norms)
             print(f"| {label} | {factor:.3f} | {g:.3f} | {ent} | {top:.2f} |")
     return 0
 

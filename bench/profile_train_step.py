@@ -24,7 +24,7 @@ def main() -> None:
     tok.mkdir(exist_ok=True)
     save_pretrained_tokenizer(tok)
     T._init_worker(str(tok), 64)
-    batch = T.make_group((0, 0, 256, 1, 1.0, 0.0))[0]
+    batch = T.make_group(T.GroupJob(0, 0, 256, 1))[0]
     t = T._tensors(batch, "cuda")
     print({k: tuple(v.shape) for k, v in t.items()}, flush=True)
 

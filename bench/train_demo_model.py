@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -223,7 +223,18 @@ def _kept(ex: demo_tasks.Example, s: int, keep_other: float) -> bool:
     return random.Random(f"keep/{s}").random() < keep_other
 
 
-def make_group(job: tuple[int, int, int, int, float, float]) -> list[dict[str, Any]]:
+class GroupJob(NamedTuple):
+    """One unit of work for a data process (picklable for the spawn pool)."""
+
+    seed: int  # training stream
+    index: int  # group number in the stream
+    size: int  # requests per batch
+    group: int  # batches per group
+    keep_other: float = 1.0  # --keep-other
+    category_share: float = 0.0  # --category-share
+
+
+def make_group(job: GroupJob) -> list[dict[str, Any]]:
     """Group `index` of stream `seed`: `group * size` requests (training seeds only), their
     reads sorted by prompt length and cut into `group` batches of `size` requests' reads
     (less padding), in an order shuffled by the group's own seed. `keep_other` < 1 keeps
@@ -259,19 +270,8 @@ def make_group(job: tuple[int, int, int, int, float, float]) -> list[dict[str, A
 class Batches:
     """Batches in order, built by a spawn pool a bounded number of groups ahead."""
 
-    def __init__(
-        self,
-        tok_dir: Path,
-        max_width: int,
-        seed: int,
-        size: int,
-        workers: int,
-        group: int,
-        keep_other: float = 1.0,
-        category_share: float = 0.0,
-    ):
-        self.seed, self.size, self.group = seed, size, group
-        self.keep_other, self.category_share = keep_other, category_share
+    def __init__(self, tok_dir: Path, max_width: int, first: GroupJob, workers: int):
+        self.first = first  # the stream's settings; each group gets its own `index`
         self.pool = None
         if workers > 0:
             import multiprocessing as mp
@@ -286,14 +286,7 @@ class Batches:
         self.ready: collections.deque[dict[str, Any]] = collections.deque()
 
     def _submit(self) -> None:
-        job = (
-            self.seed,
-            self.next_index,
-            self.size,
-            self.group,
-            self.keep_other,
-            self.category_share,
-        )
+        job = self.first._replace(index=self.next_index)
         self.next_index += 1
         if self.pool is not None:
             self.ahead.append(self.pool.apply_async(make_group, (job,)))
@@ -408,6 +401,17 @@ def engine_check(
     return report, extra
 
 
+def held_out_batch(
+    chat: ChatFormat, layouts: LayoutCache, split: int, count: int
+) -> tuple[list[tuple[Read, list[int], list[str]]], dict[str, Any]]:
+    """The reads of `count` held-out requests of `split` (noise seed base 0) and their
+    batch as CPU tensors."""
+    items = []
+    for ex in demo_tasks.held_out_examples(split, count):
+        items.extend(request_reads(chat, layouts, ex, seed=0))
+    return items, _tensors(collate(items, chat.pad_id), "cpu")
+
+
 def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> float:
     """Max |p_train - p_engine| over the label distributions of `n` held-out requests:
     the training forward (batched, padded) against `TransformersEngine` on the saved file."""
@@ -416,10 +420,7 @@ def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> f
     from workers.engine.hf_backend import TransformersEngine
 
     layouts = LayoutCache(chat.encode, chat.eot_id, model.config.canvas_length)
-    items = []
-    for ex in demo_tasks.held_out_examples(7, n):
-        items.extend(request_reads(chat, layouts, ex, seed=0))
-    t = _tensors(collate(items, chat.pad_id), "cpu")
+    items, t = held_out_batch(chat, layouts, split=7, count=n)
     ref = DemoModel.load(model_dir)
     with torch.inference_mode():
         logits = forward_slots(ref, t)
@@ -480,17 +481,19 @@ def scale_qk_norms(model: Any, factor: float) -> None:
     it by themselves (0.337 on average in the committed one: `bench.attention_entropy`)."""
     import torch
 
-    done: set[int] = set()
     with torch.no_grad():
-        for name, module in model.named_modules():
-            if not name.endswith(("q_norm", "k_norm")) or "vision" in name:
-                continue
-            # The encoder's and the decoder's layers are distinct modules holding the SAME
-            # parameters (tied weights): scale each parameter once, not once per module.
-            if id(module.weight) in done:
-                continue
-            done.add(id(module.weight))
-            module.weight.mul_(factor)
+        for weight in text_qk_norm_weights(model):
+            weight.mul_(factor)
+
+
+def text_qk_norm_weights(model: Any) -> list[Any]:
+    """The text layers' `q_norm`/`k_norm` weights, each parameter once: the encoder's and
+    the decoder's layers are distinct modules holding the SAME parameters (tied weights)."""
+    seen: dict[int, Any] = {}
+    for name, module in model.named_modules():
+        if name.endswith(("q_norm", "k_norm")) and "vision" not in name:
+            seen.setdefault(id(module.weight), module.weight)
+    return list(seen.values())
 
 
 class DemoModel:
@@ -574,12 +577,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     batches = Batches(
         out,
         spec.canvas_length,
-        args.seed,
-        args.batch,
+        GroupJob(args.seed, 0, args.batch, args.group, args.keep_other, args.category_share),
         args.workers,
-        args.group,
-        args.keep_other,
-        args.category_share,
     )
     print(
         f"demo model: {n_params / 1e6:.2f} M parameters on {device}; batch {args.batch} "

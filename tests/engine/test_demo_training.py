@@ -40,15 +40,16 @@ def _text_norms(model: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def batch() -> dict[str, Any]:
+def chat_layouts() -> tuple[ChatFormat, LayoutCache]:
     from transformers import AutoTokenizer
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(models.TRAINED_DIRS["demo"])))
-    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
-    items = []
-    for ex in demo_tasks.held_out_examples(3, 4):
-        items.extend(T.request_reads(chat, layouts, ex, seed=0))
-    return T._tensors(T.collate(items, chat.pad_id), "cpu")
+    return chat, LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+
+
+@pytest.fixture(scope="module")
+def batch(chat_layouts: tuple[ChatFormat, LayoutCache]) -> dict[str, Any]:
+    return T.held_out_batch(*chat_layouts, split=3, count=4)[1]
 
 
 def test_scale_qk_norms_scales_each_text_norm_once() -> None:
@@ -92,9 +93,9 @@ def _choice_share(batches: list[dict[str, Any]]) -> float:
 
 
 def test_training_mix_is_deterministic_and_favours_choice(worker_state: None) -> None:
-    plain = T.make_group((0, 0, 32, 2, 1.0, 0.0))
-    focused = T.make_group((0, 0, 32, 2, 0.3, 0.0))
-    again = T.make_group((0, 0, 32, 2, 0.3, 0.0))
+    plain = T.make_group(T.GroupJob(0, 0, 32, 2))
+    focused = T.make_group(T.GroupJob(0, 0, 32, 2, keep_other=0.3))
+    again = T.make_group(T.GroupJob(0, 0, 32, 2, keep_other=0.3))
     assert len(focused) == len(plain) == 2
     for a, b in zip(focused, again, strict=True):
         assert a.keys() == b.keys()
@@ -114,13 +115,12 @@ def test_training_mix_keeps_every_choice_request() -> None:
     assert 0.55 * len(seeds) < kept < 0.85 * len(seeds)
 
 
-def test_category_questions_have_the_family_truth(worker_state: None) -> None:
+def test_category_questions_have_the_family_truth(
+    chat_layouts: tuple[ChatFormat, LayoutCache],
+) -> None:
     """Each added question names one topic or language; its truth is the family's own
     (`topic_of` / `language_of`), about half yes; nothing else in the request changes."""
-    from transformers import AutoTokenizer
-
-    chat = ChatFormat(AutoTokenizer.from_pretrained(str(models.TRAINED_DIRS["demo"])))
-    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    chat, layouts = chat_layouts
     added, yes = 0, 0
     for s in demo_tasks.training_seeds(6, 300):
         ex = demo_tasks.example(s)
