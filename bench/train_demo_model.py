@@ -61,7 +61,9 @@ from workers.engine.template import (
 )
 from workers.engine.types import Read
 
-KINDS = ("yes_no", "choice", "score")
+# The held-out kinds, then the training-only questions' own (logged apart so that their
+# learning can be watched; the held-out check never sees them).
+KINDS = ("yes_no", "choice", "score", "category", "name", "mention")
 
 # ------------------------------------------------------------------ training-only questions
 
@@ -82,7 +84,37 @@ _CATEGORY_WORDINGS = {
         "Does the user write in {c}?",
     ),
 }
-_KIND_OF = {**demo_tasks.KIND_OF, **dict.fromkeys(_CATEGORY_WORDINGS, "yes_no")}
+# Questions that ask for the NAME of the state's topic or language, added with
+# `--name-share`: wired as a choice over the whole universe, but the slot's target is the
+# name's own token (" french", " food"), not its letter. With tied embeddings the slot must
+# then carry the name's embedding: a bag-of-words classifier from state words to the name
+# token, which is the feature a choice question needs to find its option by name.
+_NAME_WORDINGS = {
+    "name_topic": (
+        "Name the topic of the message.",
+        "Write the topic of the text by its name.",
+    ),
+    "name_language": (
+        "Name the language of the message.",
+        "Write the language of the text by its name.",
+    ),
+}
+# Choice questions over category names where the state names one of them ("... french
+# ..."), added with `--mention-share`: the letter is found by matching a state token to an
+# option's name token. That pointer is what the choice questions lack: round 5's checkpoint
+# knows each state's category (name questions 0.98) yet points only at "english" vs the
+# rest (docs/benchmarks.md).
+_MENTION_WORDINGS = (
+    "Which of these words does the message mention?",
+    "Which word of the list is in the text?",
+    "Which of the options does the user name?",
+)
+_KIND_OF = {
+    **demo_tasks.KIND_OF,
+    **dict.fromkeys(_CATEGORY_WORDINGS, "category"),
+    **dict.fromkeys(_NAME_WORDINGS, "name"),
+    "mention": "mention",
+}
 
 
 def with_category_question(ex: demo_tasks.Example, s: int, share: float) -> demo_tasks.Example:
@@ -113,12 +145,91 @@ def with_category_question(ex: demo_tasks.Example, s: int, share: float) -> demo
         "type": rng.choice(("noul", "yes_no")),
         "instructions": rng.choice(_CATEGORY_WORDINGS[task]).format(c=category),
     }
-    items = list(questions.items())
+    return _insert_question(ex, rng, qid, wire, "yes" if category == actual else "no", task)
+
+
+def _insert_question(
+    ex: demo_tasks.Example, rng: random.Random, qid: str, wire: dict, truth: str, task: str
+) -> demo_tasks.Example:
+    items = list(ex.request["questions"].items())
     items.insert(rng.randint(0, len(items)), (qid, wire))
     request = {**ex.request, "questions": dict(items)}
-    truth = {**ex.truth, qid: "yes" if category == actual else "no"}
-    tasks = {**ex.tasks, qid: demo_tasks.TaskQuestion(task)}
-    return demo_tasks.Example(request, truth, tasks)
+    return demo_tasks.Example(
+        request, {**ex.truth, qid: truth}, {**ex.tasks, qid: demo_tasks.TaskQuestion(task)}
+    )
+
+
+def with_name_question(ex: demo_tasks.Example, s: int, share: float) -> demo_tasks.Example:
+    """`ex` with one name question (see `_NAME_WORDINGS`) inserted at a random place, for a
+    `share` of the requests that have room for it (decided by the request seed alone).
+    Topic names are asked only of states that have a topic."""
+    rng = random.Random(f"name/{s}")
+    questions = ex.request["questions"]
+    if rng.random() >= share or len(questions) >= demo_tasks.MAX_QUESTIONS:
+        return ex
+    state = ex.request["state"]
+    topic = demo_tasks.topic_of(state)
+    task = "name_topic" if topic is not None and rng.random() < 0.5 else "name_language"
+    if task == "name_topic":
+        universe, actual = demo_tasks.TOPICS, topic
+    else:
+        universe, actual = demo_tasks.LANGUAGES, demo_tasks.language_of(state)
+    assert actual is not None
+    options = rng.sample(universe, len(universe))
+    qid = next(q for q in (rng.choice(("name", "which", task)), "aux_n") if q not in questions)
+    wire = {
+        "type": "choice",
+        "instructions": rng.choice(_NAME_WORDINGS[task]),
+        "criteria": dict.fromkeys(options),
+    }
+    return _insert_question(ex, rng, qid, wire, actual, task)
+
+
+def with_mention_question(ex: demo_tasks.Example, s: int, share: float) -> demo_tasks.Example:
+    """`ex` with one category name inserted in its state and a choice question asking which
+    of 2..5 names (topics and languages mixed) it mentions, for a `share` of the requests
+    that have room (decided by the request seed alone). The other questions' truths are
+    computed again from the new state (a name is in no word list, so they rarely change)."""
+    rng = random.Random(f"mention/{s}")
+    questions = ex.request["questions"]
+    if rng.random() >= share or len(questions) >= demo_tasks.MAX_QUESTIONS:
+        return ex
+    options = rng.sample(demo_tasks.LANGUAGES + demo_tasks.TOPICS, rng.randint(2, 5))
+    named = rng.choice(options)
+    words = ex.request["state"].split(" ")
+    # Never first: the name then has its leading-space token, the one the options use.
+    words.insert(rng.randint(1, len(words)), named)
+    state = " ".join(words)
+    truth = {
+        qid: demo_tasks.truth_of(state, ex.tasks[qid], wire) for qid, wire in questions.items()
+    }
+    ex = demo_tasks.Example({**ex.request, "state": state}, truth, ex.tasks)
+    qid = next(q for q in (rng.choice(("mention", "named", "word")), "aux_m") if q not in questions)
+    wire = {
+        "type": "choice",
+        "instructions": rng.choice(_MENTION_WORDINGS),
+        "criteria": dict.fromkeys(options),
+    }
+    return _insert_question(ex, rng, qid, wire, named, "mention")
+
+
+def _aux_questions_only(ex: demo_tasks.Example) -> demo_tasks.Example:
+    """`ex` with only its training-only questions (`--aux-only`: a diagnostic mix)."""
+    keep = [q for q, t in ex.tasks.items() if t.task not in demo_tasks.KIND_OF]
+    questions = {q: ex.request["questions"][q] for q in keep}
+    return demo_tasks.Example(
+        {**ex.request, "questions": questions},
+        {q: ex.truth[q] for q in keep},
+        {q: ex.tasks[q] for q in keep},
+    )
+
+
+def name_token(chat: ChatFormat, name: str) -> int:
+    """The one token `name` is after `id: ` on the canvas (checked to be one token)."""
+    head, full = chat.encode("x:"), chat.encode(f"x: {name}")
+    if len(full) != len(head) + 1 or full[: len(head)] != head:
+        raise ValueError(f"{name!r} is not one token after 'x: '")
+    return full[-1]
 
 
 # --------------------------------------------------------------------------- reads
@@ -145,12 +256,21 @@ def request_reads(
             seed=noise_seed(seed, ex.request["id"], layout.qids, 0),
             tag=ex.request["id"],
         )
-        targets, kinds = [], []
+        targets, kinds, slots = [], [], []
         for slot in layout.slots:
             _, answers = labels_and_answers(qs[slot.question_id])
-            targets.append(slot.label_ids[answers.index(ex.truth[slot.question_id])])
-            kinds.append(_KIND_OF[ex.tasks[slot.question_id].task])
-        out.append((read, targets, kinds))
+            truth = ex.truth[slot.question_id]
+            kind = _KIND_OF[ex.tasks[slot.question_id].task]
+            if kind == "name":
+                # The target is the name's token; the "labels" (for the logged accuracy)
+                # are the names of the universe, in option order.
+                slot = dataclasses.replace(
+                    slot, label_ids=tuple(name_token(chat, a) for a in answers), labels=answers
+                )
+            targets.append(slot.label_ids[answers.index(truth)])
+            kinds.append(kind)
+            slots.append(slot)
+        out.append((dataclasses.replace(read, slots=tuple(slots)), targets, kinds))
     return out
 
 
@@ -232,6 +352,9 @@ class GroupJob(NamedTuple):
     group: int  # batches per group
     keep_other: float = 1.0  # --keep-other
     category_share: float = 0.0  # --category-share
+    name_share: float = 0.0  # --name-share
+    mention_share: float = 0.0  # --mention-share
+    aux_only: bool = False  # --aux-only
 
 
 def make_group(job: GroupJob) -> list[dict[str, Any]]:
@@ -240,17 +363,25 @@ def make_group(job: GroupJob) -> list[dict[str, Any]]:
     (less padding), in an order shuffled by the group's own seed. `keep_other` < 1 keeps
     only that share of the requests without a choice question (`--keep-other`);
     `category_share` adds a category yes/no question (`--category-share`)."""
-    seed, index, size, group, keep_other, category_share = job
+    seed, index, size, group, keep_other, category_share, name_share, mention_share, aux_only = job
     chat, layouts = _W["chat"], _W["layouts"]
     want = size * group
-    draws = want if keep_other >= 1.0 else want * _DRAWS_PER_REQUEST
+    draws = want if keep_other >= 1.0 and not aux_only else want * _DRAWS_PER_REQUEST
     per_request = []
     for s in demo_tasks.training_seeds(seed, draws, start=index * draws):
         ex = demo_tasks.example(s)
         if not _kept(ex, s, keep_other):
             continue
+        if mention_share > 0:  # first: it changes the state the others read
+            ex = with_mention_question(ex, s, mention_share)
         if category_share > 0:
             ex = with_category_question(ex, s, category_share)
+        if name_share > 0:
+            ex = with_name_question(ex, s, name_share)
+        if aux_only:
+            ex = _aux_questions_only(ex)
+            if not ex.request["questions"]:
+                continue
         # The noise seed's base differs per request (the request seed), so every read of
         # the stream gets fresh slot noise.
         per_request.append(request_reads(chat, layouts, ex, seed=s))
@@ -577,7 +708,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     batches = Batches(
         out,
         spec.canvas_length,
-        GroupJob(args.seed, 0, args.batch, args.group, args.keep_other, args.category_share),
+        GroupJob(
+            args.seed,
+            0,
+            args.batch,
+            args.group,
+            args.keep_other,
+            args.category_share,
+            args.name_share,
+            args.mention_share,
+            args.aux_only,
+        ),
         args.workers,
     )
     print(
@@ -679,10 +820,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "qk_norm_scale": args.qk_norm_scale,
             "keep_other": args.keep_other,
             "category_share": args.category_share,
+            "name_share": args.name_share,
+            "mention_share": args.mention_share,
+            "aux_only": args.aux_only,
             "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
             f"--lr {args.lr} --warmup {warmup} --seed {args.seed} --experts {args.experts}"
             + f" --qk-norm-scale {args.qk_norm_scale} --keep-other {args.keep_other}"
-            + f" --category-share {args.category_share}"
+            + f" --category-share {args.category_share} --name-share {args.name_share}"
+            + f" --mention-share {args.mention_share}"
+            + (" --aux-only" if args.aux_only else "")
             + (f" --init {args.init}" if args.init else ""),
         }
     )
@@ -767,6 +913,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         help="share of the training requests (with fewer than 4 questions) that get one more "
         "yes/no question naming a topic or language (see with_category_question)",
+    )
+    p.add_argument(
+        "--name-share",
+        type=float,
+        default=0.0,
+        help="share of the training requests (with fewer than 4 questions) that get one more "
+        "question whose answer is the NAME of their topic or language (see with_name_question)",
+    )
+    p.add_argument(
+        "--mention-share",
+        type=float,
+        default=0.0,
+        help="share of the training requests (with fewer than 4 questions) whose state gets a "
+        "category name and a choice question asking which (see with_mention_question)",
+    )
+    p.add_argument(
+        "--aux-only",
+        action="store_true",
+        help="train on the training-only questions alone (a diagnostic: can the model learn "
+        "them by themselves?)",
     )
     p.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels on CUDA too (slow)"

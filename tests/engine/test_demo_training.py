@@ -3,8 +3,8 @@
 `scale_qk_norms` is why runs after 2026-11-30's round 1 learn lookups at all (see
 docs/benchmarks.md, "How the committed checkpoint was trained"); these tests pin what its
 default rests on. The mix (`--keep-other`) must stay deterministic and keep every request
-with a choice question; the training-only category questions (`--category-share`) must carry
-the task family's own truth.
+with a choice question; the training-only category and name questions (`--category-share`,
+`--name-share`) must carry the task family's own truth.
 """
 
 from __future__ import annotations
@@ -149,8 +149,96 @@ def test_category_questions_have_the_family_truth(
         # The engine's reads carry it as a yes/no slot with the right target.
         reads = T.request_reads(chat, layouts, out, seed=s)
         kinds = {sl.question_id: k for r, _, ks in reads for sl, k in zip(r.slots, ks, strict=True)}
-        assert kinds[qid] == "yes_no"
+        assert kinds[qid] == "category"  # a yes/no slot, logged apart
+        labels = {sl.question_id: sl.labels for r, _, _ in reads for sl in r.slots}
+        assert labels[qid] == ("yes", "no")
         added += 1
         yes += out.truth[qid] == "yes"
     assert added > 100
     assert 0.3 < yes / added < 0.7
+
+
+def test_name_questions_target_the_name_token(
+    chat_layouts: tuple[ChatFormat, LayoutCache],
+) -> None:
+    """Each added name question lists the whole universe as options; its truth is the
+    family's own topic or language, and its slot's target is the token the NAME is after
+    `id: ` (not a letter), with the universe's name tokens as the logged labels."""
+    chat, layouts = chat_layouts
+    added, tasks = 0, set()
+    for s in demo_tasks.training_seeds(7, 300):
+        ex = demo_tasks.example(s)
+        out = T.with_name_question(ex, s, 1.0)
+        assert T.with_name_question(ex, s, 0.0) is ex
+        assert T.with_name_question(ex, s, 1.0) == out  # deterministic
+        new = set(out.request["questions"]) - set(ex.request["questions"])
+        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
+            assert not new
+            continue
+        (qid,) = new
+        assert demo_tasks.QUESTION_ID_RE.match(qid)
+        task, wire = out.tasks[qid].task, out.request["questions"][qid]
+        state = ex.request["state"]
+        if task == "name_topic":
+            universe, actual = demo_tasks.TOPICS, demo_tasks.topic_of(state)
+        else:
+            universe, actual = demo_tasks.LANGUAGES, demo_tasks.language_of(state)
+        assert sorted(wire["criteria"]) == sorted(universe)
+        assert out.truth[qid] == actual
+        reads = T.request_reads(chat, layouts, out, seed=s)
+        for read, targets, kinds in reads:
+            for slot, target, kind in zip(read.slots, targets, kinds, strict=True):
+                if slot.question_id != qid:
+                    continue
+                assert kind == "name"
+                assert slot.labels == tuple(wire["criteria"])
+                (text,) = {chat.tokenizer.decode([target]).strip()}
+                assert text == actual
+                assert target == slot.label_ids[slot.labels.index(actual)]
+        added += 1
+        tasks.add(task)
+    assert added > 100
+    assert tasks == {"name_topic", "name_language"}
+
+
+def test_mention_questions_name_one_option_in_the_state(
+    chat_layouts: tuple[ChatFormat, LayoutCache],
+) -> None:
+    """The state gains one category name (never first, so it is the option's own token);
+    the question's options hold it; the other questions' truths are those of the new state."""
+    chat, layouts = chat_layouts
+    added = 0
+    for s in demo_tasks.training_seeds(8, 300):
+        ex = demo_tasks.example(s)
+        out = T.with_mention_question(ex, s, 1.0)
+        assert T.with_mention_question(ex, s, 0.0) is ex
+        assert T.with_mention_question(ex, s, 1.0) == out  # deterministic
+        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
+            assert out is ex
+            continue
+        (qid,) = set(out.request["questions"]) - set(ex.request["questions"])
+        state, wire = out.request["state"], out.request["questions"][qid]
+        named = out.truth[qid]
+        assert named in wire["criteria"]
+        old, new = ex.request["state"].split(" "), state.split(" ")
+        assert new[0] == old[0] and sorted(new) == sorted([*old, named])
+        for other in (o for o in wire["criteria"] if o != named):
+            assert other not in new
+        for old_id, q in ex.request["questions"].items():
+            assert out.truth[old_id] == demo_tasks.truth_of(state, out.tasks[old_id], q)
+        # The option's token is in the prompt's state: the letter is found by identity.
+        ids = chat.encode(state)
+        assert T.name_token(chat, named) in ids
+        reads = T.request_reads(chat, layouts, out, seed=s)
+        kinds = {sl.question_id: k for r, _, ks in reads for sl, k in zip(r.slots, ks, strict=True)}
+        assert kinds[qid] == "mention"
+        added += 1
+    assert added > 100
+
+
+def test_aux_only_keeps_just_the_training_only_questions() -> None:
+    job = T.GroupJob(0, 0, 16, 1, mention_share=1.0, name_share=0.5, aux_only=True)
+    T._init_worker(str(models.TRAINED_DIRS["demo"]), models.SPECS["demo"].canvas_length)
+    (batch,) = T.make_group(job)
+    kinds = {T.KINDS[k] for k in batch["kinds"]}
+    assert kinds <= {"name", "mention"} and "mention" in kinds
