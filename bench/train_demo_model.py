@@ -24,6 +24,11 @@ bits. `--steps auto` picks the step count from the speed measured over steps 20-
 the warmup ends, so it changes nothing before it is chosen); the log records it, and
 `--steps N` replays that schedule.
 
+Training-only questions (`--category-share`, `--name-share`, `--mention-share`; see their
+functions below) can be added to a share of the training requests; they give the choice
+questions' word -> category -> option chain direct signals, are logged as kinds of their own,
+and never reach the held-out check.
+
 Weights are saved in fp16 (7.3 MB; fp32 would be 14.5) and the held-out check runs on the
 saved file. Needs torch, transformers, tokenizers, numpy; NOT pydantic (no `schemas`, no
 `Classifier`: the held-out check here drives `TransformersEngine` directly).
