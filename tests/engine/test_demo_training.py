@@ -9,6 +9,7 @@ with a choice question; the training-only category and name questions (`--catego
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,27 @@ def test_training_mix_keeps_every_choice_request() -> None:
     assert 0.55 * len(seeds) < kept < 0.85 * len(seeds)
 
 
+def _added(
+    add: Any, stream: int, count: int = 300
+) -> Iterator[tuple[int, demo_tasks.Example, demo_tasks.Example, str]]:
+    """(seed, request, request with the added question, its id) for the requests of training
+    stream `stream` with room for one more question, after checking what holds for every
+    `with_*_question`: share 0 adds nothing, the same seed adds the same question, a full
+    request is left alone, the new id is a valid question id."""
+    for s in demo_tasks.training_seeds(stream, count):
+        ex = demo_tasks.example(s)
+        out = add(ex, s, 1.0)
+        assert add(ex, s, 0.0) is ex
+        assert add(ex, s, 1.0) == out  # deterministic
+        new = set(out.request["questions"]) - set(ex.request["questions"])
+        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
+            assert out is ex
+            continue
+        (qid,) = new
+        assert demo_tasks.QUESTION_ID_RE.match(qid)
+        yield s, ex, out, qid
+
+
 def test_category_questions_have_the_family_truth(
     chat_layouts: tuple[ChatFormat, LayoutCache],
 ) -> None:
@@ -122,17 +144,7 @@ def test_category_questions_have_the_family_truth(
     (`topic_of` / `language_of`), about half yes; nothing else in the request changes."""
     chat, layouts = chat_layouts
     added, yes = 0, 0
-    for s in demo_tasks.training_seeds(6, 300):
-        ex = demo_tasks.example(s)
-        out = T.with_category_question(ex, s, 1.0)
-        assert T.with_category_question(ex, s, 0.0) is ex
-        assert T.with_category_question(ex, s, 1.0) == out  # deterministic
-        new = set(out.request["questions"]) - set(ex.request["questions"])
-        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
-            assert not new
-            continue
-        (qid,) = new
-        assert demo_tasks.QUESTION_ID_RE.match(qid)
+    for s, ex, out, qid in _added(T.with_category_question, 6):
         for old_id, q in ex.request["questions"].items():
             assert out.request["questions"][old_id] == q
             assert out.truth[old_id] == ex.truth[old_id]
@@ -166,17 +178,7 @@ def test_name_questions_target_the_name_token(
     `id: ` (not a letter), with the universe's name tokens as the logged labels."""
     chat, layouts = chat_layouts
     added, tasks = 0, set()
-    for s in demo_tasks.training_seeds(7, 300):
-        ex = demo_tasks.example(s)
-        out = T.with_name_question(ex, s, 1.0)
-        assert T.with_name_question(ex, s, 0.0) is ex
-        assert T.with_name_question(ex, s, 1.0) == out  # deterministic
-        new = set(out.request["questions"]) - set(ex.request["questions"])
-        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
-            assert not new
-            continue
-        (qid,) = new
-        assert demo_tasks.QUESTION_ID_RE.match(qid)
+    for s, ex, out, qid in _added(T.with_name_question, 7):
         task, wire = out.tasks[qid].task, out.request["questions"][qid]
         state = ex.request["state"]
         if task == "name_topic":
@@ -208,15 +210,7 @@ def test_mention_questions_name_one_option_in_the_state(
     the question's options hold it; the other questions' truths are those of the new state."""
     chat, layouts = chat_layouts
     added = 0
-    for s in demo_tasks.training_seeds(8, 300):
-        ex = demo_tasks.example(s)
-        out = T.with_mention_question(ex, s, 1.0)
-        assert T.with_mention_question(ex, s, 0.0) is ex
-        assert T.with_mention_question(ex, s, 1.0) == out  # deterministic
-        if len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
-            assert out is ex
-            continue
-        (qid,) = set(out.request["questions"]) - set(ex.request["questions"])
+    for s, ex, out, qid in _added(T.with_mention_question, 8):
         state, wire = out.request["state"], out.request["questions"][qid]
         named = out.truth[qid]
         assert named in wire["criteria"]
