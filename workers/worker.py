@@ -407,6 +407,12 @@ class StreamWorker:
         self._consumer = KafkaConsumer(
             **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
         )
+        # Know the input topics' partitions before the first JoinGroup. kafka-python 3 may
+        # send it before its first metadata response; a leader then assigns from empty
+        # metadata and hands out nothing ("No partition metadata for topic ..."). One CI run
+        # of the demo (2026-11-30) stalled that way with its whole backlog unread.
+        for topic in s.input_topics:
+            self._consumer.partitions_for_topic(topic)
         self._consumer.subscribe(list(s.input_topics), listener=_Listener(self))
 
     async def _build_classifier(self) -> Classifier:
