@@ -236,3 +236,38 @@ def test_aux_only_keeps_just_the_training_only_questions() -> None:
     (batch,) = T.make_group(job)
     kinds = {T.KINDS[k] for k in batch["kinds"]}
     assert kinds <= {"name", "mention"} and "mention" in kinds
+
+
+def test_slot_attention_probe_finds_the_english_pointer() -> None:
+    """`bench.slot_attention` on the committed checkpoint: every decoder head is reported,
+    and for an English state one head points at the option name "english" (the finding in
+    docs/benchmarks.md), which is then the answer."""
+    import torch
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    from bench.slot_attention import slot_attention
+
+    trained = str(models.TRAINED_DIRS["demo"])
+    chat = ChatFormat(AutoTokenizer.from_pretrained(trained))
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(trained, dtype=torch.float32)
+    question = {
+        "type": "choice",
+        "instructions": "Which language is the message in?",
+        "criteria": dict.fromkeys(("italian", "english", "german", "spanish")),
+    }
+    ex = demo_tasks.Example(
+        {
+            "id": "probe",
+            "state": "Hello thanks you are really good friend today",
+            "questions": {"lang": question},
+        },
+        {"lang": "english"},
+        {"lang": demo_tasks.TaskQuestion("language")},
+    )
+    probs, heads = slot_attention(model, chat, ex)
+    spec = models.SPECS["demo"]
+    assert len(heads) == spec.num_hidden_layers * spec.num_attention_heads
+    assert abs(sum(probs.values()) - 1) < 1e-3
+    assert max(probs, key=probs.get) == "english"
+    on_name = [w for _, _, keys in heads for tok, _, w in keys[:1] if tok == "Ġenglish"]
+    assert on_name and max(on_name) > 0.5
