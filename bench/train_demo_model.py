@@ -68,7 +68,7 @@ from workers.engine.types import Read
 
 # The held-out kinds, then the training-only questions' own (logged apart so that their
 # learning can be watched; the held-out check never sees them).
-KINDS = ("yes_no", "choice", "score", "category", "name", "mention")
+KINDS = (*demo_tasks.KINDS, "category", "name", "mention")
 
 # ------------------------------------------------------------------ training-only questions
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from workers import demo_tasks
 
-KINDS = ("yes_no", "choice", "score")
+KINDS = demo_tasks.KINDS
 
 
 @dataclass(frozen=True)

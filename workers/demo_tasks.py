@@ -104,6 +104,7 @@ QUESTION_TYPES = (
     "exclamations",
     "listed_words",
 )
+KINDS = ("yes_no", "choice", "score")  # the product's question kinds, checked apart
 KIND_OF = {
     "has_link": "yes_no",
     "shouting": "yes_no",
@@ -724,7 +725,7 @@ def check(reads: Sequence[ScoredRead]) -> CheckReport:
     """The accuracy check of issue #4: at least 95% per kind and ECE at most 0.05."""
     accuracy: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for kind in ("yes_no", "choice", "score"):
+    for kind in KINDS:
         mine = [r for r in reads if r.kind == kind]
         counts[kind] = len(mine)
         accuracy[kind] = sum(r.correct for r in mine) / len(mine) if mine else 0.0
@@ -848,6 +849,7 @@ __all__ = [
     "ECE_CEILING",
     "HELD_OUT_BASE",
     "INSULTS",
+    "KINDS",
     "KIND_OF",
     "LANGUAGES",
     "MISWIRINGS",
