@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,30 +29,44 @@ from bench.train_demo_model import (
 from workers.engine.template import ChatFormat, LayoutCache
 
 
-def layer_entropies(model: Any, batch: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """Layer name -> (mean attention entropy in nats, mean top weight) over all queries."""
+def capture_attention(
+    model: Any, batch: dict[str, Any], reduce: Callable[[str, Any], Any]
+) -> tuple[Any, dict[str, Any]]:
+    """One forward of `batch`: the slots' logits, and `reduce(name, weights)` for every text
+    attention layer (weights: batch x heads x queries x keys; decoder queries are the canvas
+    positions), keyed by the layer's module name in forward order."""
     import torch
 
     model.set_attn_implementation("eager")  # the only one that returns the weights
     model.eval()
-    seen: dict[str, tuple[float, float]] = {}
+    seen: dict[str, Any] = {}
     hooks = []
     for name, module in model.named_modules():
         if not name.endswith("self_attn") or "vision" in name:
             continue
 
         def hook(mod: Any, args: Any, kwargs: Any, out: Any, name: str = name) -> None:
-            weights = out[1]
-            p = weights.clamp_min(1e-12)
-            entropy = -(p * p.log()).sum(-1).mean()
-            seen[name] = (float(entropy), float(weights.max(-1).values.mean()))
+            seen[name] = reduce(name, out[1].detach())
 
         hooks.append(module.register_forward_hook(hook, with_kwargs=True))
-    with torch.no_grad():
-        forward_slots(model, batch)
-    for h in hooks:
-        h.remove()
-    return seen
+    try:
+        with torch.no_grad():
+            logits = forward_slots(model, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, seen
+
+
+def layer_entropies(model: Any, batch: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Layer name -> (mean attention entropy in nats, mean top weight) over all queries."""
+
+    def stats(name: str, weights: Any) -> tuple[float, float]:
+        p = weights.clamp_min(1e-12)
+        entropy = -(p * p.log()).sum(-1).mean()
+        return float(entropy), float(weights.max(-1).values.mean())
+
+    return capture_attention(model, batch, stats)[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,7 +25,7 @@ def main() -> None:
     save_pretrained_tokenizer(tok)
     T._init_worker(str(tok), 64)
     batch = T.make_group(T.GroupJob(0, 0, 256, 1))[0]
-    t = T._tensors(batch, "cuda")
+    t = T.to_tensors(batch, "cuda")
     print({k: tuple(v.shape) for k, v in t.items()}, flush=True)
 
     def run(model: torch.nn.Module, autocast: bool, steps: int = 10) -> float:

@@ -13,7 +13,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from bench.train_demo_model import _tensors, collate, forward_slots, request_reads
+from bench.attention_entropy import capture_attention
+from bench.train_demo_model import collate, request_reads, to_tensors
 from workers import demo_tasks
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
@@ -27,24 +28,17 @@ def slot_attention(model: Any, chat: ChatFormat, ex: demo_tasks.Example, top: in
     ((read, _, _),) = request_reads(chat, layouts, ex, seed=0)
     tokens = chat.tokenizer.convert_ids_to_tokens([*read.prompt_ids, *read.canvas_ids])
     query = read.slots[0].position  # the decoder's queries are the canvas positions
-    model.set_attn_implementation("eager")  # the only one that returns the weights
-    model.eval()
-    weights: dict[int, Any] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if name.endswith("self_attn") and "decoder" in name and "vision" not in name:
-            layer = int(name.split("layers.")[1].split(".")[0])
-
-            def hook(mod: Any, args: Any, kwargs: Any, out: Any, layer: int = layer) -> None:
-                weights[layer] = out[1][0, :, query].detach()  # (heads, keys)
-
-            hooks.append(module.register_forward_hook(hook, with_kwargs=True))
-    with torch.no_grad():
-        logits = forward_slots(
-            model, _tensors(collate([(read, [0], ["choice"])], chat.pad_id), "cpu")
-        )
-    for h in hooks:
-        h.remove()
+    batch = to_tensors(collate([(read, [0], ["choice"])], chat.pad_id), "cpu")
+    logits, rows = capture_attention(
+        model,
+        batch,
+        lambda name, w: w[0, :, query] if "decoder" in name else None,  # (heads, keys)
+    )
+    weights = {
+        int(name.split("layers.")[1].split(".")[0]): row
+        for name, row in rows.items()
+        if row is not None
+    }
     probs = torch.softmax(logits[0, list(read.slots[0].label_ids)], -1).tolist()
     heads = []
     for layer in sorted(weights):
@@ -55,7 +49,7 @@ def slot_attention(model: Any, chat: ChatFormat, ex: demo_tasks.Example, top: in
                 for v, i in zip(best.values.tolist(), best.indices.tolist(), strict=True)
             ]
             heads.append((layer, head, keys))
-    options = list(ex.request["questions"]["lang"]["criteria"])
+    options = list(ex.request["questions"][read.slots[0].question_id]["criteria"])
     return dict(zip(options, [round(p, 3) for p in probs], strict=True)), heads
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -122,14 +123,23 @@ _KIND_OF = {
 }
 
 
+def _room(name: str, ex: demo_tasks.Example, s: int, share: float) -> random.Random | None:
+    """The generator of training-only question `name` for request seed `s`, or None when
+    this request gets none: it is outside the `share`, or already has the most questions."""
+    rng = random.Random(f"{name}/{s}")
+    if rng.random() >= share or len(ex.request["questions"]) >= demo_tasks.MAX_QUESTIONS:
+        return None
+    return rng
+
+
 def with_category_question(ex: demo_tasks.Example, s: int, share: float) -> demo_tasks.Example:
     """`ex` with one category yes/no question inserted at a random place, for a `share` of
     the requests that have room for it (decided by the request seed `s` alone); about half
     of the answers are yes."""
-    rng = random.Random(f"category/{s}")
-    questions = ex.request["questions"]
-    if rng.random() >= share or len(questions) >= demo_tasks.MAX_QUESTIONS:
+    rng = _room("category", ex, s, share)
+    if rng is None:
         return ex
+    questions = ex.request["questions"]
     state = ex.request["state"]
     task = rng.choice(tuple(_CATEGORY_WORDINGS))
     if task == "about_topic":
@@ -168,10 +178,10 @@ def with_name_question(ex: demo_tasks.Example, s: int, share: float) -> demo_tas
     """`ex` with one name question (see `_NAME_WORDINGS`) inserted at a random place, for a
     `share` of the requests that have room for it (decided by the request seed alone).
     Topic names are asked only of states that have a topic."""
-    rng = random.Random(f"name/{s}")
-    questions = ex.request["questions"]
-    if rng.random() >= share or len(questions) >= demo_tasks.MAX_QUESTIONS:
+    rng = _room("name", ex, s, share)
+    if rng is None:
         return ex
+    questions = ex.request["questions"]
     state = ex.request["state"]
     topic = demo_tasks.topic_of(state)
     task = "name_topic" if topic is not None and rng.random() < 0.5 else "name_language"
@@ -195,10 +205,10 @@ def with_mention_question(ex: demo_tasks.Example, s: int, share: float) -> demo_
     of 2..5 names (topics and languages mixed) it mentions, for a `share` of the requests
     that have room (decided by the request seed alone). The other questions' truths are
     computed again from the new state (a name is in no word list, so they rarely change)."""
-    rng = random.Random(f"mention/{s}")
-    questions = ex.request["questions"]
-    if rng.random() >= share or len(questions) >= demo_tasks.MAX_QUESTIONS:
+    rng = _room("mention", ex, s, share)
+    if rng is None:
         return ex
+    questions = ex.request["questions"]
     options = rng.sample(demo_tasks.LANGUAGES + demo_tasks.TOPICS, rng.randint(2, 5))
     named = rng.choice(options)
     words = ex.request["state"].split(" ")
@@ -229,6 +239,7 @@ def _aux_questions_only(ex: demo_tasks.Example) -> demo_tasks.Example:
     )
 
 
+@functools.cache  # called for every name slot of every read; one tokenizer per process
 def name_token(chat: ChatFormat, name: str) -> int:
     """The one token `name` is after `id: ` on the canvas (checked to be one token)."""
     head, full = chat.encode("x:"), chat.encode(f"x: {name}")
@@ -362,28 +373,44 @@ class GroupJob(NamedTuple):
     aux_only: bool = False  # --aux-only
 
 
+# The training mix: GroupJob's fields after `group`, each a command-line flag of its own name.
+MIX_FIELDS = GroupJob._fields[4:]
+
+
+def mix_flags(mix: dict[str, Any]) -> str:
+    """The command-line flags that give `mix` (for the log's replay line)."""
+    flags = []
+    for name, value in mix.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags += [flag] if value else []
+        else:
+            flags.append(f"{flag} {value}")
+    return " ".join(flags)
+
+
 def make_group(job: GroupJob) -> list[dict[str, Any]]:
     """Group `index` of stream `seed`: `group * size` requests (training seeds only), their
     reads sorted by prompt length and cut into `group` batches of `size` requests' reads
-    (less padding), in an order shuffled by the group's own seed. `keep_other` < 1 keeps
-    only that share of the requests without a choice question (`--keep-other`);
-    `category_share` adds a category yes/no question (`--category-share`)."""
-    seed, index, size, group, keep_other, category_share, name_share, mention_share, aux_only = job
+    (less padding), in an order shuffled by the group's own seed. The mix (`MIX_FIELDS`):
+    `keep_other` < 1 keeps only that share of the requests without a choice question; the
+    `*_share` fields add training-only questions; `aux_only` keeps only those."""
     chat, layouts = _W["chat"], _W["layouts"]
-    want = size * group
-    draws = want if keep_other >= 1.0 and not aux_only else want * _DRAWS_PER_REQUEST
+    want = job.size * job.group
+    sparse = job.keep_other < 1.0 or job.aux_only  # some drawn requests are left out
+    draws = want * _DRAWS_PER_REQUEST if sparse else want
     per_request = []
-    for s in demo_tasks.training_seeds(seed, draws, start=index * draws):
+    for s in demo_tasks.training_seeds(job.seed, draws, start=job.index * draws):
         ex = demo_tasks.example(s)
-        if not _kept(ex, s, keep_other):
+        if not _kept(ex, s, job.keep_other):
             continue
-        if mention_share > 0:  # first: it changes the state the others read
-            ex = with_mention_question(ex, s, mention_share)
-        if category_share > 0:
-            ex = with_category_question(ex, s, category_share)
-        if name_share > 0:
-            ex = with_name_question(ex, s, name_share)
-        if aux_only:
+        if job.mention_share > 0:  # first: it changes the state the others read
+            ex = with_mention_question(ex, s, job.mention_share)
+        if job.category_share > 0:
+            ex = with_category_question(ex, s, job.category_share)
+        if job.name_share > 0:
+            ex = with_name_question(ex, s, job.name_share)
+        if job.aux_only:
             ex = _aux_questions_only(ex)
             if not ex.request["questions"]:
                 continue
@@ -393,13 +420,13 @@ def make_group(job: GroupJob) -> list[dict[str, Any]]:
         if len(per_request) == want:
             break
     if len(per_request) < want:
-        raise RuntimeError(f"group {index}: only {len(per_request)} of {want} requests kept")
+        raise RuntimeError(f"group {job.index}: only {len(per_request)} of {want} kept")
     per_request.sort(key=lambda reads: max(len(r.prompt_ids) for r, _, _ in reads))
     batches = [
-        collate([item for reads in per_request[i : i + size] for item in reads], chat.pad_id)
-        for i in range(0, len(per_request), size)
+        collate([item for reads in per_request[i : i + job.size] for item in reads], chat.pad_id)
+        for i in range(0, len(per_request), job.size)
     ]
-    random.Random(f"{seed}/{index}").shuffle(batches)
+    random.Random(f"{job.seed}/{job.index}").shuffle(batches)
     return batches
 
 
@@ -446,7 +473,7 @@ class Batches:
 # --------------------------------------------------------------------------- model
 
 
-def _tensors(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+def to_tensors(batch: dict[str, Any], device: Any) -> dict[str, Any]:
     import torch
 
     return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
@@ -545,7 +572,7 @@ def held_out_batch(
     items = []
     for ex in demo_tasks.held_out_examples(split, count):
         items.extend(request_reads(chat, layouts, ex, seed=0))
-    return items, _tensors(collate(items, chat.pad_id), "cpu")
+    return items, to_tensors(collate(items, chat.pad_id), "cpu")
 
 
 def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> float:
@@ -614,7 +641,7 @@ def scale_qk_norms(model: Any, factor: float) -> None:
     learned the lookups (a question id to its question, an option to its letter).
     `head_dim ** -0.25` (0.354) on both weights gives logits of standard deviation ~1, the
     usual 1/sqrt(d) regime, and the weights stay trainable; trained checkpoints settle near
-    it by themselves (0.337 on average in the committed one: `bench.attention_entropy`)."""
+    it by themselves (0.345 on average in the committed one: `bench.attention_entropy`)."""
     import torch
 
     with torch.no_grad():
@@ -710,21 +737,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     auto_steps = args.steps == "auto"
     total = args.max_steps if auto_steps else int(args.steps)
     warmup = min(args.warmup, max(1, total // 10)) if not auto_steps else args.warmup
+    mix = {name: getattr(args, name) for name in MIX_FIELDS}
     batches = Batches(
-        out,
-        spec.canvas_length,
-        GroupJob(
-            args.seed,
-            0,
-            args.batch,
-            args.group,
-            args.keep_other,
-            args.category_share,
-            args.name_share,
-            args.mention_share,
-            args.aux_only,
-        ),
-        args.workers,
+        out, spec.canvas_length, GroupJob(args.seed, 0, args.batch, args.group, **mix), args.workers
     )
     print(
         f"demo model: {n_params / 1e6:.2f} M parameters on {device}; batch {args.batch} "
@@ -742,7 +757,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         t_wait = time.perf_counter()
         batch = batches.get()
         data_wait += time.perf_counter() - t_wait
-        t = _tensors(batch, device)
+        t = to_tensors(batch, device)
         lr = lr_at(step, total, args.lr, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -823,17 +838,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "safetensors_mb": round(size_mb, 3),
             "experts": args.experts,
             "qk_norm_scale": args.qk_norm_scale,
-            "keep_other": args.keep_other,
-            "category_share": args.category_share,
-            "name_share": args.name_share,
-            "mention_share": args.mention_share,
-            "aux_only": args.aux_only,
+            **mix,
             "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
             f"--lr {args.lr} --warmup {warmup} --seed {args.seed} --experts {args.experts}"
-            + f" --qk-norm-scale {args.qk_norm_scale} --keep-other {args.keep_other}"
-            + f" --category-share {args.category_share} --name-share {args.name_share}"
-            + f" --mention-share {args.mention_share}"
-            + (" --aux-only" if args.aux_only else "")
+            + f" --qk-norm-scale {args.qk_norm_scale} {mix_flags(mix)}"
             + (f" --init {args.init}" if args.init else ""),
         }
     )
