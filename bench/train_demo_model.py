@@ -29,6 +29,13 @@ functions below) can be added to a share of the training requests; they give the
 questions' word -> category -> option chain direct signals, are logged as kinds of their own,
 and never reach the held-out check.
 
+The pointer loss (`--point-weight`, `--point-layer`) is an auxiliary term added to that
+cross-entropy: at each choice (and mention) slot, -log of the attention weight that the best
+head of one decoder layer puts on the true option's NAME in the prompt. It teaches the
+lookup "the letter of the option whose name is the category", which the cross-entropy alone
+did not find in thousands of steps (docs/benchmarks.md, rounds 9-12). The model and the
+read are unchanged: the loss only shapes training.
+
 Weights are saved in fp16 (7.3 MB; fp32 would be 14.5) and the held-out check runs on the
 saved file. Needs torch, transformers, tokenizers, numpy; NOT pydantic (no `schemas`, no
 `Classifier`: the held-out check here drives `TransformersEngine` directly).
@@ -290,9 +297,50 @@ def request_reads(
     return out
 
 
-def collate(items: Sequence[tuple[Read, list[int], list[str]]], pad_id: int) -> dict[str, Any]:
+class PointerMarks(NamedTuple):
+    """Token ids that find an option line in a prompt (`--point-weight`): a question block
+    starts with `question` (the tokens of "Question" at a line start) and an option line
+    reads `  <letter>: <name>`, so the name is two tokens after the letter."""
+
+    question: tuple[int, ...]
+    colon: int
+
+    @classmethod
+    def of(cls, chat: ChatFormat) -> PointerMarks:
+        head = chat.encode("x\nQuestion")[2:]  # at a line start, as in `system_text`
+        colon = chat.encode("  A:")[-1]
+        return cls(tuple(head), colon)
+
+
+def pointer_targets(
+    marks: PointerMarks, read: Read, targets: list[int], kinds: list[str]
+) -> list[int]:
+    """For each slot of `read`: the prompt position of the option NAME whose letter is the
+    slot's target (choice and mention slots), else -1. Questions appear in the system text in
+    slot order, so slot i's options are in the i-th question block; -1 also when the line is
+    not found exactly once there."""
+    ids = list(read.prompt_ids)
+    n = len(marks.question)
+    heads = [i for i in range(len(ids) - n + 1) if tuple(ids[i : i + n]) == marks.question]
+    out = []
+    for i, (t, k) in enumerate(zip(targets, kinds, strict=True)):
+        if k not in ("choice", "mention") or len(heads) != len(targets):
+            out.append(-1)
+            continue
+        end = heads[i + 1] if i + 1 < len(heads) else len(ids)
+        hits = [j for j in range(heads[i], end - 2) if ids[j] == t and ids[j + 1] == marks.colon]
+        out.append(hits[0] + 2 if len(hits) == 1 else -1)
+    return out
+
+
+def collate(
+    items: Sequence[tuple[Read, list[int], list[str]]],
+    pad_id: int,
+    marks: PointerMarks | None = None,
+) -> dict[str, Any]:
     """Numpy arrays for one batch: prompts right-padded, canvases padded to the widest,
-    masks, positions, and the slots' (row, canvas position, target id, kind, label ids)."""
+    masks, positions, and the slots' (row, canvas position, target id, kind, label ids, and
+    with `marks` the prompt position the pointer should find, see `pointer_targets`)."""
     b = len(items)
     plen = np.array([len(r.prompt_ids) for r, _, _ in items], dtype=np.int64)
     cwid = np.array([len(r.canvas_ids) for r, _, _ in items], dtype=np.int64)
@@ -301,8 +349,9 @@ def collate(items: Sequence[tuple[Read, list[int], list[str]]], pad_id: int) -> 
     amask = np.zeros((b, length), dtype=np.int64)
     canvas = np.full((b, width), pad_id, dtype=np.int64)
     cmask = np.zeros((b, width), dtype=np.int64)
-    rows, cols, targets, kinds, label_sets = [], [], [], [], []
+    rows, cols, targets, kinds, label_sets, points = [], [], [], [], [], []
     for i, (read, tgt, knd) in enumerate(items):
+        points += pointer_targets(marks, read, tgt, knd) if marks else [-1] * len(tgt)
         ids[i, : plen[i]] = read.prompt_ids
         amask[i, : plen[i]] = 1
         canvas[i, : cwid[i]] = read.canvas_ids
@@ -327,6 +376,7 @@ def collate(items: Sequence[tuple[Read, list[int], list[str]]], pad_id: int) -> 
         "targets": np.array(targets, dtype=np.int64),
         "kinds": np.array(kinds, dtype=np.int64),
         "label_ids": labels,
+        "points": np.array(points, dtype=np.int64),
     }
 
 
@@ -343,6 +393,7 @@ def _init_worker(tokenizer_dir: str, max_width: int) -> None:
     chat = ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir))
     _W["chat"] = chat
     _W["layouts"] = LayoutCache(chat.encode, chat.eot_id, max_width, size=4096)
+    _W["marks"] = PointerMarks.of(chat)
 
 
 CHOICE_TASKS = frozenset(("language", "topic"))
@@ -423,7 +474,11 @@ def make_group(job: GroupJob) -> list[dict[str, Any]]:
         raise RuntimeError(f"group {job.index}: only {len(per_request)} of {want} kept")
     per_request.sort(key=lambda reads: max(len(r.prompt_ids) for r, _, _ in reads))
     batches = [
-        collate([item for reads in per_request[i : i + job.size] for item in reads], chat.pad_id)
+        collate(
+            [item for reads in per_request[i : i + job.size] for item in reads],
+            chat.pad_id,
+            _W["marks"],
+        )
         for i in range(0, len(per_request), job.size)
     ]
     random.Random(f"{job.seed}/{job.index}").shuffle(batches)
@@ -600,6 +655,44 @@ def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> f
     return worst
 
 
+def capture_pointer(model: Any, layer: int) -> tuple[dict[str, Any], Any]:
+    """Make decoder layer `layer` return its attention weights (eager attention; every other
+    attention keeps SDPA) and keep them, differentiable, in the returned dict under "w"
+    (batch x heads x canvas x keys) after each forward. The second value undoes it all."""
+    import copy
+
+    target = model.model.decoder.layers[layer].self_attn
+    shared = target.config
+    # Masks are built once per forward from the shared config; the eager form (additive
+    # floats) is one SDPA also takes, the SDPA form (booleans) is not one eager takes.
+    model.set_attn_implementation("eager")
+    for name, module in model.named_modules():
+        if name.endswith("self_attn") and "vision" not in name and module is not target:
+            module.config = copy.copy(shared)
+            module.config._attn_implementation = "sdpa"
+    seen: dict[str, Any] = {}
+    hook = target.register_forward_hook(lambda mod, args, out: seen.__setitem__("w", out[1]))
+
+    def undo() -> None:
+        hook.remove()
+        for name, module in model.named_modules():
+            if name.endswith("self_attn") and "vision" not in name:
+                module.config = shared
+        model.set_attn_implementation("sdpa")
+
+    return seen, undo
+
+
+def pointer_loss(weights: Any, t: dict[str, Any]) -> tuple[Any, Any]:
+    """(-mean log of the best head's attention weight on the right option's name, the mean
+    of that weight) over the slots that have a pointer target (`t["points"]`)."""
+    sel = (t["points"] >= 0).float()
+    w = weights[t["rows"], :, t["cols"], t["points"].clamp(min=0)]  # slots x heads
+    best = w.float().max(1).values
+    n = sel.sum().clamp(min=1)
+    return -(best.clamp_min(1e-6).log() * sel).sum() / n, (best * sel).sum() / n
+
+
 def dense_experts_forward(
     self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any
 ) -> Any:
@@ -746,7 +839,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         f"requests; steps {args.steps}; workers {args.workers}",
         flush=True,
     )
-    log: dict[str, Any] = {"loss": [], "slot_accuracy": []}
+    pointer: dict[str, Any] | None = None
+    if args.point_weight > 0:
+        pointer, undo_pointer = capture_pointer(model, args.point_layer)
+    log: dict[str, Any] = {"loss": [], "slot_accuracy": [], "pointer_weight": []}
+    window_point: list[Any] = []
     t_train = time.perf_counter()
     t_calib = t_train
     window_loss, window_hits = [], collections.defaultdict(list)
@@ -764,8 +861,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             logits = forward_slots(model, t)
         loss = torch.nn.functional.cross_entropy(logits.float(), t["targets"])
+        total_loss = loss
+        if pointer is not None:
+            p_loss, p_weight = pointer_loss(pointer.pop("w"), t)
+            total_loss = loss + args.point_weight * p_loss
+            window_point.append(p_weight.detach())
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total_loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
@@ -795,17 +897,24 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             elapsed = time.perf_counter() - t_train
             log["loss"].append([step, round(mean_loss, 5)])
             log["slot_accuracy"].append([step, acc])
+            point = ""
+            if window_point:
+                mean_point = round(float(torch.stack(window_point).mean()), 4)
+                log["pointer_weight"].append([step, mean_point])
+                point = f" pointer {mean_point:.3f}"
             print(
-                f"step {step:5d}/{total} loss {mean_loss:.4f} acc {acc} lr {lr:.2e} "
+                f"step {step:5d}/{total} loss {mean_loss:.4f} acc {acc}{point} lr {lr:.2e} "
                 f"{elapsed:6.1f}s (waiting for data {data_wait:.1f}s)",
                 flush=True,
             )
-            window_loss, window_hits = [], collections.defaultdict(list)
+            window_loss, window_hits, window_point = [], collections.defaultdict(list), []
         if args.time_limit_s and time.perf_counter() - t_train > args.time_limit_s:
             print(f"time limit {args.time_limit_s}s reached at step {step}", flush=True)
             stopped_early = True
             break
     batches.close()
+    if pointer is not None:
+        undo_pointer()
     if cuda:
         torch.cuda.synchronize()
     train_seconds = time.perf_counter() - t_train
@@ -838,10 +947,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "safetensors_mb": round(size_mb, 3),
             "experts": args.experts,
             "qk_norm_scale": args.qk_norm_scale,
+            "point_layer": args.point_layer,
+            "point_weight": args.point_weight,
             **mix,
             "replay": f"--steps {step} --batch {args.batch} --group {args.group} "
             f"--lr {args.lr} --warmup {warmup} --seed {args.seed} --experts {args.experts}"
             + f" --qk-norm-scale {args.qk_norm_scale} {mix_flags(mix)}"
+            + (
+                f" --point-layer {args.point_layer} --point-weight {args.point_weight}"
+                if args.point_weight > 0
+                else ""
+            )
             + (f" --init {args.init}" if args.init else ""),
         }
     )
@@ -947,6 +1063,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="train on the training-only questions alone (a diagnostic: can the model learn "
         "them by themselves?)",
     )
+    p.add_argument(
+        "--point-weight",
+        type=float,
+        default=0.0,
+        help="weight of an auxiliary loss that teaches the choice pointer: at each choice "
+        "and mention slot, -log of the attention weight that the best head of decoder layer "
+        "--point-layer puts on the right option's name (see pointer_loss; 0: off)",
+    )
+    p.add_argument("--point-layer", type=int, default=5, help="decoder layer for --point-weight")
     p.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels on CUDA too (slow)"
     )
