@@ -1,65 +1,40 @@
-"""What the committed demo model claims to pass, read from its own training log (issue #4).
+"""The bar the committed demo model must pass (issue #4), shared by its engine test and the
+Kafka -> Ray -> Kafka test: every kind at accuracy >= 0.95 on enough questions, the ECE
+within 0.05 (`workers.demo_tasks.check`), and a mis-wired result set failing the check far
+below the floor, not by a near miss.
 
-`bench/train_demo_model.py` writes the held-out check of the saved weights into
-`train_log.json`. A test of the demo model asserts the bar (accuracy >= 0.95) for each kind
-the checkpoint reached there, and the ECE ceiling when it met it; the parts it has not
-reached skip with the log's figures, and come back by themselves when a better checkpoint
-lands. So a checkpoint that answers yes/no questions for real already proves the wiring of
-yes/no answers, while choice is still being trained.
+Until round 12 (docs/benchmarks.md) the committed checkpoint passed only some kinds and
+these tests asserted what its training log claimed; since it passes every kind, they assert
+the whole bar, so a weaker checkpoint cannot land by skipping.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import Any
 
 from workers import demo_tasks
 
 KINDS = demo_tasks.KINDS
+MIN_QUESTIONS = 50  # per kind: below this an accuracy of 0.95 says little
 
 
-@dataclass(frozen=True)
-class Claims:
-    kinds: tuple[str, ...]  # kinds at or above the accuracy floor in the log's check
-    ece: bool  # the log's ECE is within the ceiling
-    summary: str  # the log's figures, for skip messages
-
-    @property
-    def everything(self) -> bool:
-        return set(self.kinds) == set(KINDS) and self.ece
-
-
-def committed_claims() -> Claims | None:
-    """The committed checkpoint's claims, or None when no demo model is registered."""
+def committed_log_check() -> dict[str, Any]:
+    """The held-out check the training script ran on the committed weights (its log)."""
     from workers.engine import models
 
-    if "demo" not in models.SPECS:
-        return None
     log = json.loads((models.TRAINED_DIRS["demo"] / "train_log.json").read_text())
-    held = log.get("held_out", {})
-    accuracy = held.get("accuracy", {})
-    ece = held.get("ece")
-    return Claims(
-        kinds=tuple(k for k in KINDS if accuracy.get(k, 0.0) >= demo_tasks.ACCURACY_FLOOR),
-        ece=ece is not None and ece <= demo_tasks.ECE_CEILING,
-        summary=f"held out in its training log: accuracy {accuracy}, ECE {ece}",
-    )
+    return dict(log["held_out"])
 
 
-def assert_claims_hold(report: demo_tasks.CheckReport, claims: Claims) -> None:
-    """Every claimed kind is at the floor on these reads, and the ECE when claimed."""
-    for kind in claims.kinds:
-        assert report.counts[kind] >= 50, report.counts
-        assert report.accuracy[kind] >= demo_tasks.ACCURACY_FLOOR, (kind, report.summary())
-    if claims.ece:
-        assert report.ece <= demo_tasks.ECE_CEILING, report.summary()
-    if claims.everything:
-        assert report.passed, report.summary()
+def assert_bar_met(report: demo_tasks.CheckReport) -> None:
+    for kind in KINDS:
+        assert report.counts[kind] >= MIN_QUESTIONS, report.counts
+    assert report.passed, report.summary()
 
 
-def assert_miswiring_caught(miswired: demo_tasks.CheckReport, claims: Claims) -> None:
-    """A mis-wired result set fails the check, and every claimed kind falls far below
-    the floor (not a near miss)."""
+def assert_miswiring_caught(miswired: demo_tasks.CheckReport) -> None:
+    """A mis-wired result set fails the check, every kind falling far below the floor."""
     assert not miswired.passed, miswired.summary()
-    for kind in claims.kinds:
+    for kind in KINDS:
         assert miswired.accuracy[kind] < 0.8, (kind, miswired.summary())

@@ -238,10 +238,21 @@ def test_aux_only_keeps_just_the_training_only_questions() -> None:
     assert kinds <= {"name", "mention"} and "mention" in kinds
 
 
-def test_slot_attention_probe_finds_the_english_pointer() -> None:
+_PROBE_STATES = {
+    "english": "Hello thanks you are really good friend today",
+    "french": "Bonjour merci oui monsieur les et est avec pour tres bien",
+    "german": "Hallo danke ja der das und ist nicht mit sehr gut",
+    "spanish": "Hola gracias si los el es muy bueno con para amigo",
+    "italian": "Ciao grazie amico il sono molto bene oggi sempre anche",
+}
+
+
+@pytest.mark.parametrize("language", sorted(_PROBE_STATES))
+def test_slot_attention_probe_finds_the_pointer(language: str) -> None:
     """`bench.slot_attention` on the committed checkpoint: every decoder head is reported,
-    and for an English state one head points at the option name "english" (the finding in
-    docs/benchmarks.md), which is then the answer."""
+    and for a state in each language one head points at that option's name (what
+    `--point-weight` teaches; before it, only "english" was found: docs/benchmarks.md), which
+    is then the answer."""
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
@@ -250,24 +261,138 @@ def test_slot_attention_probe_finds_the_english_pointer() -> None:
     trained = str(models.TRAINED_DIRS["demo"])
     chat = ChatFormat(AutoTokenizer.from_pretrained(trained))
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(trained, dtype=torch.float32)
+    others = [lang for lang in demo_tasks.LANGUAGES if lang != language]
+    options = [others[0], language, *others[1:3]]  # the answer second: not the letter A
     question = {
         "type": "choice",
         "instructions": "Which language is the message in?",
-        "criteria": dict.fromkeys(("italian", "english", "german", "spanish")),
+        "criteria": dict.fromkeys(options),
     }
     ex = demo_tasks.Example(
-        {
-            "id": "probe",
-            "state": "Hello thanks you are really good friend today",
-            "questions": {"lang": question},
-        },
-        {"lang": "english"},
+        {"id": "probe", "state": _PROBE_STATES[language], "questions": {"lang": question}},
+        {"lang": language},
         {"lang": demo_tasks.TaskQuestion("language")},
     )
+    assert demo_tasks.language_of(ex.request["state"]) == language
     probs, heads = slot_attention(model, chat, ex)
     spec = models.SPECS["demo"]
     assert len(heads) == spec.num_hidden_layers * spec.num_attention_heads
     assert abs(sum(probs.values()) - 1) < 1e-3
-    assert max(probs, key=probs.get) == "english"
-    on_name = [w for _, _, keys in heads for tok, _, w in keys[:1] if tok == "Ġenglish"]
+    assert max(probs, key=probs.get) == language
+    on_name = [w for _, _, keys in heads for tok, _, w in keys[:1] if tok == f"\u0120{language}"]
     assert on_name and max(on_name) > 0.5
+
+
+def test_pointer_targets_are_the_right_options_name(
+    chat_layouts: tuple[ChatFormat, LayoutCache],
+) -> None:
+    """Every choice and mention slot gets the prompt position of its true option's name,
+    inside its own question block (slot i, block i), right after its letter; other slots
+    get -1."""
+    chat, layouts = chat_layouts
+    marks = T.PointerMarks.of(chat)
+    header = list(marks.question)
+    found = 0
+    for s in demo_tasks.training_seeds(5, 400):
+        ex = T.with_mention_question(demo_tasks.example(s), s, 0.5)
+        ex = T.with_name_question(ex, s, 0.3)
+        for read, targets, kinds in T.request_reads(chat, layouts, ex, seed=s):
+            ids = list(read.prompt_ids)
+            points = T.pointer_targets(marks, read, targets, kinds)
+            for i, (slot, t, k, p) in enumerate(
+                zip(read.slots, targets, kinds, points, strict=True)
+            ):
+                if k not in ("choice", "mention"):
+                    assert p == -1
+                    continue
+                truth = ex.truth[slot.question_id]
+                assert ids[p] == T.name_token(chat, truth)
+                assert ids[p - 2 : p] == [t, marks.colon]
+                blocks_before = sum(
+                    ids[j : j + len(header)] == header for j in range(p - len(header) + 1)
+                )
+                assert blocks_before == i + 1
+                found += 1
+    assert found > 200
+
+
+def test_capture_pointer_keeps_the_forward_and_undoes_itself(batch: dict[str, Any]) -> None:
+    """With one decoder layer switched to eager attention the slots' logits are those of the
+    plain model, the kept weights are that layer's (rows sum to 1 over the keys), and undo
+    puts every attention module back on the shared SDPA config."""
+    import torch
+
+    model = T.DemoModel.load(models.TRAINED_DIRS["demo"])
+    with torch.no_grad():
+        plain = T.forward_slots(model, batch)
+        seen, undo = T.capture_pointer(model, 3)
+        captured = T.forward_slots(model, batch)
+        weights = seen["w"]
+        undo()
+        after = T.forward_slots(model, batch)
+    b, q = batch["decoder_input_ids"].shape
+    keys = batch["input_ids"].shape[1] + q
+    assert weights.shape == (b, models.SPECS["demo"].num_attention_heads, q, keys)
+    real = batch["decoder_attention_mask"].bool()[:, None, None, :].expand_as(weights)
+    assert torch.allclose(weights.sum(-1), torch.ones(()), atol=1e-4)
+    assert float(weights.masked_select(~real).abs().max()) == 0.0
+    assert float((captured - plain).abs().max()) < 1e-4
+    assert torch.equal(after, plain)
+    configs = {
+        id(m.config)
+        for n, m in model.named_modules()
+        if n.endswith("self_attn") and "vision" not in n
+    }
+    assert configs == {id(model.model.decoder.layers[3].self_attn.config)}
+    assert model.config.text_config._attn_implementation == "sdpa"
+
+
+def test_pointer_loss_reads_each_slots_best_head_at_its_point() -> None:
+    import torch
+
+    w = torch.full((2, 3, 4, 6), 0.01)  # batch x heads x canvas x keys
+    w[0, 1, 2, 5] = 0.5  # slot 0: row 0, canvas 2, point 5; head 1 is the best
+    w[1, 0, 3, 1] = 0.25  # slot 2: row 1, canvas 3, point 1
+    t = {
+        "rows": torch.tensor([0, 0, 1]),
+        "cols": torch.tensor([2, 1, 3]),
+        "points": torch.tensor([5, -1, 1]),  # slot 1 has no pointer target
+    }
+    loss, mean_weight = T.pointer_loss(w, t)
+    assert loss.item() == pytest.approx(-(np.log(0.5) + np.log(0.25)) / 2, rel=1e-6)
+    assert mean_weight.item() == pytest.approx(0.375)
+
+
+def test_smoke_training_with_the_pointer_loss(tmp_path: Any) -> None:
+    """`--smoke` (20 CPU steps) from the committed weights with the pointer loss: the
+    training forward still matches `TransformersEngine` on the saved file (the script
+    raises otherwise), and the log records the pointer and how to replay it."""
+    import json
+
+    out = tmp_path / "smoke"
+    args = ["--smoke", "--init", str(models.TRAINED_DIRS["demo"]), "--out", str(out)]
+    T.main([*args, "--mention-share", "0.5", "--point-layer", "3", "--point-weight", "1.0"])
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["parity_max_abs_diff"] < 1e-4
+    assert [step for step, _ in log["pointer_weight"]] == [5, 10, 15, 20]
+    assert all(0 < w <= 1 for _, w in log["pointer_weight"])
+    assert "--point-layer 3 --point-weight 1.0" in log["replay"]
+
+
+def test_slot_lens_sees_the_category_the_name_slots_answer(
+    chat_layouts: tuple[ChatFormat, LayoutCache],
+) -> None:
+    """`bench.slot_lens` on the committed checkpoint: at the last decoder layer the name
+    slots' lens is their answer, so the true name leads for (nearly) all of them; every
+    decoder layer is reported for each question type."""
+    from bench.slot_lens import slot_lens
+
+    chat, _ = chat_layouts
+    examples = [
+        T.with_name_question(ex, i, 1.0) for i, ex in enumerate(demo_tasks.held_out_examples(0, 60))
+    ]
+    table = slot_lens(T.DemoModel.load(models.TRAINED_DIRS["demo"]), chat, examples)
+    layers = models.SPECS["demo"].num_hidden_layers
+    assert {"name_language", "language", "topic"} <= set(table)
+    assert all(list(row) == list(range(layers)) for row in table.values())
+    assert table["name_language"][layers - 1] >= 0.95
