@@ -228,3 +228,15 @@ def test_question_sets_by_name(tiny_engine: Any, tiny_chat: Any) -> None:
     assert isinstance(req, ClassificationRequest)
     (res,) = asyncio.run(clf.classify([req]))
     assert res.answers["lang"].choice in QUESTION_SETS["language"]["lang"]["criteria"]
+
+
+def test_engine_leaves_the_callers_autograd_alone(tiny_model_dir: Any) -> None:
+    """Building an engine and reading through it leaves gradients on in the calling thread
+    (it once switched them off globally, which broke a training run after a parity check)."""
+    assert torch.is_grad_enabled()
+    engine = TransformersEngine.from_pretrained(tiny_model_dir, device="cpu")
+    assert torch.is_grad_enabled()
+    w = torch.ones(2, requires_grad=True)
+    (w * 3).sum().backward()
+    assert w.grad is not None and w.grad.tolist() == [3.0, 3.0]
+    asyncio.run(engine.close())

@@ -60,7 +60,6 @@ class TransformersEngine:
         reuse_prefix: bool = True,
         label_rows_only: bool = False,
     ) -> None:
-        torch = _torch()
         self.model = model.eval()
         self.text_config = model.config.text_config
         self.device = next(model.parameters()).device
@@ -82,7 +81,9 @@ class TransformersEngine:
             device=str(self.device),
         )
         self.stats: dict[str, int] = defaultdict(int)
-        torch.set_grad_enabled(False)
+        # No `torch.set_grad_enabled(False)` here: it would switch autograd off for the
+        # caller's thread (a training script that checks parity, then trains on). Reads run
+        # under `inference_mode` in `read_sync`.
 
     @classmethod
     def from_pretrained(
