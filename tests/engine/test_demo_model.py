@@ -89,8 +89,8 @@ def test_the_check_fails_on_miswired_results(held_out_results: Any, miswiring: s
 
 
 def test_committed_training_log_passed_its_own_check() -> None:
-    """The training script's check of the saved weights (2,000 held-out requests, the
-    engine on the GPU) passed; the figures in docs/benchmarks.md come from the same file."""
+    """The training script's own check of the committed weights passed (2,000 held-out
+    requests, the engine in bf16 on the GPU); the tests above repeat it on the CPU."""
     held = committed_log_check()
     assert held["requests"] >= 2000
     assert held["passed"] is True, held
