@@ -49,7 +49,7 @@ from kafka.coordinator.assignors.cooperative_sticky import (
 from bench.report import write_section
 from schemas import SCHEMA_VERSION, ClassificationResult, parse_request
 from workers.engine.factory import EngineSettings, build_classifier
-from workers.kafka_admin import compute_lag, ensure_topics
+from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known
 from workers.kafka_settings import KafkaConnection
 from workers.logs import configure_logging
 from workers.settings import WorkerSettings
@@ -136,7 +136,7 @@ def _consumer(conn: KafkaConnection, topic: str, group: str) -> Any:
         partition_assignment_strategy=[CooperativeStickyAssignor],
         max_poll_records=MAX_RECORDS,
     )
-    c.subscribe([topic])
+    subscribe_known(c, [topic])
     return c
 
 
@@ -149,8 +149,16 @@ def _producer(conn: KafkaConnection, name: str) -> Any:
     )
 
 
-def run_plain(conn: KafkaConnection, topic: str, out: str, n: int, classifier: Any | None) -> None:
-    """The textbook consume-(classify-)produce loop; `classifier` None: echo."""
+def run_plain(
+    conn: KafkaConnection,
+    topic: str,
+    out: str,
+    n: int,
+    classifier: Any | None,
+    timeout_s: float = 300,
+) -> None:
+    """The textbook consume-(classify-)produce loop; `classifier` None: echo. Like
+    `run_worker`, it gives up after `timeout_s` instead of waiting forever."""
     group = f"bench-plain-{uuid.uuid4().hex[:8]}"
     consumer, producer = _consumer(conn, topic, group), _producer(conn, group)
     loop = asyncio.new_event_loop()
@@ -160,8 +168,11 @@ def run_plain(conn: KafkaConnection, topic: str, out: str, n: int, classifier: A
         ("worker", b"plain"),
     ]
     done = 0
+    deadline = time.monotonic() + timeout_s
     try:
         while done < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"plain loop: {done} of {n} records in {timeout_s:.0f} s")
             batch = consumer.poll(timeout_ms=100, max_records=MAX_RECORDS)
             if not batch:
                 continue

@@ -1,6 +1,7 @@
-"""Kafka admin helpers: a consumer group's lag (the autoscaler's signal) and topic setup.
+"""Kafka admin helpers: a consumer group's lag (the autoscaler's signal) and topic setup;
+and `subscribe_known`, the one way this project's group consumers subscribe.
 
-Every function takes `target`: a `KafkaAdminClient` (used as is, left open), a
+Every admin function takes `target`: a `KafkaAdminClient` (used as is, left open), a
 `KafkaConnection`, or bootstrap servers (a "host:port[,host:port]" string or a list), from
 which a short-lived admin client is made and closed.
 """
@@ -130,6 +131,22 @@ def _retrying(call: Callable[[], _T], deadline: float) -> _T:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 1.0)
+
+
+def subscribe_known(consumer: Any, topics: Iterable[str], listener: Any = None) -> None:
+    """`consumer.subscribe(topics)` once the consumer's metadata holds each topic's
+    partitions. kafka-python 3 may send its first JoinGroup before its first metadata
+    response; a leader then assigns from empty metadata, hands out nothing ("No partition
+    metadata for topic ...") and stays idle until a metadata refresh (metadata_max_age_ms,
+    5 minutes by default). CI hit it twice on 2026-11-30: the demo's worker, and the worker
+    benchmark's plain loop. A topic that does not exist yet is subscribed all the same."""
+    topics = list(topics)
+    for topic in topics:
+        consumer.partitions_for_topic(topic)  # fetches the cluster's metadata when unknown
+    if listener is None:
+        consumer.subscribe(topics)
+    else:
+        consumer.subscribe(topics, listener=listener)
 
 
 def total_lag(lag: Mapping[TopicPartition, int]) -> int:

@@ -89,6 +89,7 @@ from schemas import (
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError, RecoverableEngineError
 from workers.engine.vllm_backend import ReadRejected
+from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
 from workers.settings import WorkerSettings
@@ -407,13 +408,7 @@ class StreamWorker:
         self._consumer = KafkaConsumer(
             **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
         )
-        # Know the input topics' partitions before the first JoinGroup. kafka-python 3 may
-        # send it before its first metadata response; a leader then assigns from empty
-        # metadata and hands out nothing ("No partition metadata for topic ..."). One CI run
-        # of the demo (2026-11-30) stalled that way with its whole backlog unread.
-        for topic in s.input_topics:
-            self._consumer.partitions_for_topic(topic)
-        self._consumer.subscribe(list(s.input_topics), listener=_Listener(self))
+        subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
 
     async def _build_classifier(self) -> Classifier:
         if self._classifier is not None:
@@ -480,8 +475,6 @@ class StreamWorker:
         """A static member never sends LeaveGroup: ask the coordinator to remove it, so its
         partitions move now rather than after session_timeout_ms."""
         from kafka.admin import MemberToRemove
-
-        from workers.kafka_admin import admin_client
 
         try:
             with admin_client(self.settings.kafka) as admin:

@@ -16,7 +16,7 @@ from waiting import wait_for
 
 from infra.kafka import broker
 from infra.kafka.broker import BrokerInfo
-from workers.kafka_admin import compute_lag, ensure_topics, total_lag
+from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known, total_lag
 
 pytestmark = pytest.mark.broker
 
@@ -113,6 +113,49 @@ def test_compute_lag_unknown_topic_raises(kafka_broker: BrokerInfo, unique_name:
 
     with pytest.raises(UnknownTopicOrPartitionError):
         compute_lag(kafka_broker.bootstrap, unique_name("g"), [unique_name("missing")])
+
+
+@pytest.mark.parametrize("listener", [False, True])
+def test_subscribe_known_knows_the_partitions_before_the_first_join(
+    kafka_broker: BrokerInfo, kafka_admin: Any, unique_name: Any, listener: bool
+) -> None:
+    """After `subscribe_known` and before any poll, the consumer's own metadata (what its
+    first JoinGroup's assignment reads) holds every partition of the topic; the lone member
+    then gets them all. A plain `subscribe` leaves that metadata empty (the CI stalls)."""
+    from kafka import ConsumerRebalanceListener
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+
+    topic = unique_name("sub")
+    ensure_topics(kafka_admin, {topic: N_PARTITIONS})
+    consumer = KafkaConsumer(
+        bootstrap_servers=kafka_broker.bootstrap,
+        group_id=unique_name("g"),
+        enable_auto_commit=False,
+        partition_assignment_strategy=[CooperativeStickyAssignor],
+    )
+    assigned: list[set[TopicPartition]] = []
+
+    class Seen(ConsumerRebalanceListener):  # type: ignore[misc]
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            pass
+
+        def on_partitions_assigned(self, got: Any) -> None:
+            assigned.append(set(got))
+
+    try:
+        subscribe_known(consumer, [topic], listener=Seen() if listener else None)
+        known = consumer._cluster.partitions_for_topic(topic)  # no public view of it
+        assert known == set(range(N_PARTITIONS))
+        want = {TopicPartition(topic, p) for p in range(N_PARTITIONS)}
+
+        def all_assigned() -> bool:
+            consumer.poll(timeout_ms=100)
+            return consumer.assignment() == want
+
+        wait_for(all_assigned, 60, "every partition assigned to the lone member")
+        assert assigned == ([want] if listener else [])
+    finally:
+        consumer.close()
 
 
 # --------------------------------------------------------------------------- lifecycle
