@@ -143,10 +143,7 @@ def subscribe_known(consumer: Any, topics: Iterable[str], listener: Any = None) 
     topics = list(topics)
     for topic in topics:
         consumer.partitions_for_topic(topic)  # fetches the cluster's metadata when unknown
-    if listener is None:
-        consumer.subscribe(topics)
-    else:
-        consumer.subscribe(topics, listener=listener)
+    consumer.subscribe(topics, listener=listener)
 
 
 def total_lag(lag: Mapping[TopicPartition, int]) -> int:
