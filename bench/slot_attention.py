@@ -20,6 +20,20 @@ from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 
 
+def probe_example(state: str, options: Sequence[str], truth: str) -> demo_tasks.Example:
+    """One request with one language choice question ("lang") over `options`."""
+    question = {
+        "type": "choice",
+        "instructions": "Which language is the message in?",
+        "criteria": dict.fromkeys(options),
+    }
+    return demo_tasks.Example(
+        {"id": "probe", "state": state, "questions": {"lang": question}},
+        {"lang": truth},
+        {"lang": demo_tasks.TaskQuestion("language")},
+    )
+
+
 def slot_attention(model: Any, chat: ChatFormat, ex: demo_tasks.Example, top: int = 5) -> Any:
     """(answer probabilities by option, [(layer, head, [(token, position, weight)])])."""
     import torch
@@ -65,16 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     chat = ChatFormat(AutoTokenizer.from_pretrained(args.model))
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model, dtype=torch.float32)
-    question = {
-        "type": "choice",
-        "instructions": "Which language is the message in?",
-        "criteria": dict.fromkeys(args.options.split(",")),
-    }
-    ex = demo_tasks.Example(
-        {"id": "probe", "state": args.state, "questions": {"lang": question}},
-        {"lang": args.truth},
-        {"lang": demo_tasks.TaskQuestion("language")},
-    )
+    ex = probe_example(args.state, args.options.split(","), args.truth)
     probs, heads = slot_attention(model, chat, ex)
     print("answer probabilities:", probs)
     for layer, head, keys in heads:

@@ -256,23 +256,14 @@ def test_slot_attention_probe_finds_the_pointer(language: str) -> None:
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    from bench.slot_attention import slot_attention
+    from bench.slot_attention import probe_example, slot_attention
 
     trained = str(models.TRAINED_DIRS["demo"])
     chat = ChatFormat(AutoTokenizer.from_pretrained(trained))
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(trained, dtype=torch.float32)
     others = [lang for lang in demo_tasks.LANGUAGES if lang != language]
     options = [others[0], language, *others[1:3]]  # the answer second: not the letter A
-    question = {
-        "type": "choice",
-        "instructions": "Which language is the message in?",
-        "criteria": dict.fromkeys(options),
-    }
-    ex = demo_tasks.Example(
-        {"id": "probe", "state": _PROBE_STATES[language], "questions": {"lang": question}},
-        {"lang": language},
-        {"lang": demo_tasks.TaskQuestion("language")},
-    )
+    ex = probe_example(_PROBE_STATES[language], options, language)
     assert demo_tasks.language_of(ex.request["state"]) == language
     probs, heads = slot_attention(model, chat, ex)
     spec = models.SPECS["demo"]
