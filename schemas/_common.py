@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
@@ -12,6 +14,7 @@ from schemas.errors import ErrorCode
 FIELD_CTX = "dg_field"
 # Key in the validation context under which `parse_request` passes its `ParseLimits`.
 LIMITS_CTX = "dgstream_limits"
+_SURROGATES = re.compile(r"[\ud800-\udfff]")
 
 
 def fail(code: ErrorCode, message: str, field: str | None = None) -> PydanticCustomError:
@@ -23,6 +26,18 @@ def fail(code: ErrorCode, message: str, field: str | None = None) -> PydanticCus
 def has_control(text: str) -> bool:
     """Whether `text` holds a C0/C1 control character or DEL."""
     return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text)
+
+
+def has_surrogate(text: str) -> bool:
+    """Whether `text` holds a UTF-16 surrogate code point (which has no UTF-8 form)."""
+    return _SURROGATES.search(text) is not None
+
+
+def printable(text: str) -> str:
+    """`text` with any surrogate written as a backslash escape, so it always encodes."""
+    if not has_surrogate(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def json_type(value: object) -> str:

@@ -13,7 +13,9 @@ class ErrorCode(StrEnum):
     Parse (the bytes are not a request at all):
       EMPTY_MESSAGE (no value, or zero bytes), MESSAGE_TOO_LARGE (over max_message_bytes),
       INVALID_UTF8, INVALID_JSON (also NaN/Infinity, duplicate keys, nesting too deep),
-      NOT_AN_OBJECT (top-level JSON is not an object), UNSUPPORTED_SCHEMA_VERSION.
+      INVALID_UNICODE (a string or key holds a lone UTF-16 surrogate escape such as "\\ud800":
+      valid JSON grammar, but no text; RFC 7493 forbids it), NOT_AN_OBJECT (top-level JSON is
+      not an object), UNSUPPORTED_SCHEMA_VERSION.
 
     Contract (a field breaks the request schema):
       MISSING_FIELD, UNKNOWN_FIELD, WRONG_TYPE (a JSON value of the wrong type, e.g. state as
@@ -52,6 +54,7 @@ class ErrorCode(StrEnum):
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     INVALID_UTF8 = "INVALID_UTF8"
     INVALID_JSON = "INVALID_JSON"
+    INVALID_UNICODE = "INVALID_UNICODE"
     NOT_AN_OBJECT = "NOT_AN_OBJECT"
     UNSUPPORTED_SCHEMA_VERSION = "UNSUPPORTED_SCHEMA_VERSION"
     # contract

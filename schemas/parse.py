@@ -9,7 +9,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from schemas._common import FIELD_CTX, LIMITS_CTX, has_control, json_type
+from schemas._common import (
+    FIELD_CTX,
+    LIMITS_CTX,
+    has_control,
+    has_surrogate,
+    json_type,
+    printable,
+)
 from schemas._version import SCHEMA_VERSION
 from schemas.errors import ErrorCode, RequestError
 from schemas.request import MAX_ID_CHARS, MAX_QUESTIONS, QUESTION_TYPES, ClassificationRequest
@@ -33,13 +40,24 @@ def parse_request(
 ) -> ClassificationRequest | RequestError:
     """Parse one message value. Returns the request, or the first reason to refuse it.
 
-    Never raises for bad input. Checks, in order: empty, size, UTF-8, JSON (NaN, Infinity and
-    duplicate keys refused), top-level object, schema_version, then the models.
+    Never raises, whatever the bytes. Checks, in order: empty, size, UTF-8, JSON (NaN,
+    Infinity and duplicate keys refused), top-level object, lone surrogates, schema_version,
+    then the models.
     """
+    try:
+        return _parse(raw, limits)
+    except Exception as exc:  # a bug here must not stop a partition: refuse the record
+        return _error(
+            ErrorCode.INVALID_VALUE,
+            f"the message could not be read ({type(exc).__name__}: {exc})"[:500],
+        )
+
+
+def _parse(raw: bytes | None, limits: ParseLimits) -> ClassificationRequest | RequestError:
     if not raw:
         return _error(ErrorCode.EMPTY_MESSAGE, "the message is empty")
     if isinstance(raw, str):
-        raw = raw.encode("utf-8")
+        raw = raw.encode("utf-8", "surrogatepass")  # a surrogate then fails the UTF-8 check
     if len(raw) > limits.max_message_bytes:
         return _error(
             ErrorCode.MESSAGE_TOO_LARGE,
@@ -62,6 +80,14 @@ def parse_request(
     if not isinstance(obj, dict):
         return _error(
             ErrorCode.NOT_AN_OBJECT, f"the message is a JSON {json_type(obj)}, not an object"
+        )
+    where = surrogate_path(obj) if "\\u" in text else None
+    if where is not None:
+        return _error(
+            ErrorCode.INVALID_UNICODE,
+            "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its "
+            "pair), which is no Unicode text",
+            where or None,
         )
     if "schema_version" in obj:
         version = obj["schema_version"]
@@ -88,7 +114,12 @@ def request_id_hint(raw: bytes | None) -> str | None:
     except (ValueError, RecursionError, TypeError):
         return None
     ident = obj.get("id") if isinstance(obj, dict) else None
-    if isinstance(ident, str) and 0 < len(ident) <= MAX_ID_CHARS and not has_control(ident):
+    if (
+        isinstance(ident, str)
+        and 0 < len(ident) <= MAX_ID_CHARS
+        and not has_control(ident)
+        and not has_surrogate(ident)
+    ):
         return ident
     return None
 
@@ -114,6 +145,31 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"duplicate key {key!r}")
         obj[key] = value
     return obj
+
+
+def surrogate_path(obj: Any) -> str | None:
+    """The dotted path of the first string (key or value) holding a lone surrogate, or None.
+
+    A JSON `\\ud800` escape without its pair decodes to a Python string that has no UTF-8
+    form: every later encode (pydantic, the tokenizer, the producer) would raise. The path
+    is "" for a top-level string. Iterative, so depth costs no recursion.
+    """
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if has_surrogate(item):
+                return path
+        elif isinstance(item, dict):
+            for key, value in reversed(item.items()):
+                here = f"{path}.{printable(key)}" if path else printable(key)
+                if has_surrogate(key):
+                    return here
+                stack.append((value, here))
+        elif isinstance(item, list):
+            for i in range(len(item) - 1, -1, -1):
+                stack.append((item[i], f"{path}.{i}" if path else str(i)))
+    return None
 
 
 def _strict_json(text: str) -> Any:
@@ -205,4 +261,7 @@ def _from_validation_error(exc: ValidationError) -> RequestError:
 
 
 def _error(code: ErrorCode, text: str, field: str | None = None) -> RequestError:
+    # Messages quote the input: keep them encodable whatever it held.
+    text = printable(text)
+    field = None if field is None else printable(field)
     return RequestError(code=code, message=f"{field}: {text}" if field else text, field=field)

@@ -74,7 +74,10 @@ def request(questions: Any = _KEEP, **fields: Any) -> dict[str, Any]:
 
 
 def enc(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    try:
+        return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: only the \\uXXXX escape can carry it
+        return json.dumps(obj).encode()
 
 
 def nested(depth: int) -> dict[str, Any]:
@@ -129,6 +132,13 @@ BAD = [
         None,
     ),
     _bad("json-nested-too-deep", b"[" * 100_000 + b"]" * 100_000, E.INVALID_JSON, None),
+    _bad(
+        "lone-surrogate-question-id",
+        request({"\ud800": yes_no()}),
+        E.INVALID_UNICODE,
+        "questions.\\ud800",
+    ),
+    _bad("lone-surrogate-state", request(state="ok \udfff"), E.INVALID_UNICODE, "state"),
     _bad("top-level-array", [request()], E.NOT_AN_OBJECT, None),
     _bad("top-level-string", "hello", E.NOT_AN_OBJECT, None),
     _bad(
@@ -464,8 +474,8 @@ def test_table_is_large_and_covers_most_codes() -> None:
 
 
 def test_error_codes_are_the_documented_enumeration() -> None:
-    spec = """EMPTY_MESSAGE MESSAGE_TOO_LARGE INVALID_UTF8 INVALID_JSON NOT_AN_OBJECT
-    UNSUPPORTED_SCHEMA_VERSION MISSING_FIELD UNKNOWN_FIELD WRONG_TYPE INVALID_ID ID_TOO_LONG
+    spec = """EMPTY_MESSAGE MESSAGE_TOO_LARGE INVALID_UTF8 INVALID_JSON INVALID_UNICODE
+    NOT_AN_OBJECT UNSUPPORTED_SCHEMA_VERSION MISSING_FIELD UNKNOWN_FIELD WRONG_TYPE INVALID_ID ID_TOO_LONG
     STATE_TOO_LARGE NO_QUESTIONS QUESTIONS_AND_SET TOO_MANY_QUESTIONS INVALID_QUESTION_ID
     UNKNOWN_QUESTION_KIND EMPTY_INSTRUCTIONS TOO_FEW_OPTIONS TOO_MANY_OPTIONS DUPLICATE_OPTION
     INVALID_OPTION_NAME TOO_FEW_LEVELS TOO_MANY_LEVELS DUPLICATE_LEVEL UNKNOWN_DEPENDENCY

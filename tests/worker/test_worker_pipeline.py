@@ -79,6 +79,17 @@ BAD_MESSAGES: list[tuple[str, bytes | None, ErrorCode]] = [
     ("empty message", b"", ErrorCode.EMPTY_MESSAGE),
     ("null value (tombstone)", None, ErrorCode.EMPTY_MESSAGE),
     ("not an object", b"[1, 2]", ErrorCode.NOT_AN_OBJECT),
+    # Valid JSON, valid UTF-8, and once a crash loop of every worker: a lone surrogate.
+    (
+        "lone surrogate in a question id",
+        _json({"id": "b-sur", "state": "s", "questions": {"\ud800": _Q["q"]}}),
+        ErrorCode.INVALID_UNICODE,
+    ),
+    (
+        "lone surrogate in the id",
+        _json({"id": "b-\udc00", "state": "s", "questions": _Q}),
+        ErrorCode.INVALID_UNICODE,
+    ),
     (
         "unsupported schema version",
         _json({"schema_version": 2, "id": "b-v", "state": "s", "questions": _Q}),
