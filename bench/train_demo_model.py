@@ -770,7 +770,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    from workers.engine.models import SPECS, tiny_config
+    from workers.engine.models import SPECS, tiny_config, write_generation_config
     from workers.engine.tokenizer import save_pretrained_tokenizer
 
     t_start = time.perf_counter()
@@ -926,6 +926,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     biggest = max(float(p.detach().abs().max()) for p in model.parameters())
     save_dtype = torch.float16 if biggest < 6e4 else torch.bfloat16
     model.to(save_dtype).save_pretrained(str(out))
+    write_generation_config(out, model.config)  # vLLM needs real values, not nulls
     size_mb = (out / "model.safetensors").stat().st_size / 1e6
     log.update(
         {

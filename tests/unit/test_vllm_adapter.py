@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from workers.engine.models import DIFFUSION_GENERATION
 from workers.engine.types import Engine, FatalEngineError, Read, RecoverableEngineError, Slot
 from workers.engine.vllm_backend import (
     MAX_LOGPROB_TOKEN_IDS as OUR_MAX_LOGPROB_TOKEN_IDS,
@@ -157,6 +158,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
         "text_config": {"model_type": "diffusion_gemma_text", "vocab_size": VOCAB},
     }
     (model_dir / "config.json").write_text(json.dumps(config))
+    (model_dir / "generation_config.json").write_text(json.dumps(DIFFUSION_GENERATION))
     settings = VllmSettings(model=str(model_dir), skip_tokenizer_init=True)
     args = AsyncEngineArgs(**engine_args(settings))
     model_config = args.create_model_config()
@@ -591,3 +593,48 @@ def test_module_imports_without_vllm_names() -> None:
         if line.startswith(("import vllm", "from vllm"))
     ]
     assert top_level == []
+
+
+# --- the model's settings, checked before vLLM sees them ------------------------------------
+
+
+def test_demo_checkpoint_generation_config_is_what_vllm_reads() -> None:
+    from workers.engine.models import TRAINED_DIRS, ensure_tiny_model, missing_generation_fields
+
+    demo = TRAINED_DIRS["demo"]
+    assert missing_generation_fields(demo) == []
+    assert missing_generation_fields(ensure_tiny_model("tiny-random")) == []
+    args = AsyncEngineArgs(**engine_args(VllmSettings(model=str(demo))))
+    gen = args.create_model_config().try_get_generation_config()
+    # What DiffusionGemma's model state and sampler read at start (diffusion_gemma.py).
+    assert isinstance(gen["stability_threshold"], int)
+    assert "EntropyBound" in gen["sampler_config"]["_cls_name"]
+    assert gen["sampler_config"]["entropy_bound"] > 0
+    assert 0 <= gen["t_min"] < gen["t_max"]
+    assert gen["confidence_threshold"] > 0
+    assert gen["max_denoising_steps"] == 48
+
+
+def test_max_model_len_defaults_to_the_model_and_an_impossible_one_is_refused() -> None:
+    from workers.engine.models import TRAINED_DIRS
+    from workers.engine.types import EngineConfigError
+    from workers.engine.vllm_backend import check_model
+
+    demo = str(TRAINED_DIRS["demo"])
+    assert engine_args(VllmSettings(model=demo))["max_model_len"] == 4096
+    assert engine_args(VllmSettings(model=demo, max_model_len=1024))["max_model_len"] == 1024
+    assert engine_args(VllmSettings())["max_model_len"] == 16_384  # a hub id: the reference
+    with pytest.raises(EngineConfigError, match=r"engine\.vllm\.max_model_len: 16384 .* 4096"):
+        check_model(VllmSettings(model=demo, max_model_len=16_384))
+
+
+def test_null_generation_config_is_refused_naming_the_fields(tmp_path: Path) -> None:
+    from workers.engine.types import EngineConfigError
+    from workers.engine.vllm_backend import check_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {}}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({**DIFFUSION_GENERATION, "t_min": None, "sampler_config": None})
+    )
+    with pytest.raises(EngineConfigError, match=r"engine\.vllm\.model: .*sampler_config, t_min"):
+        check_model(VllmSettings(model=str(tmp_path)))

@@ -85,9 +85,9 @@ def build_engine(settings: EngineSettings) -> tuple[Engine, ChatFormat]:
         fake = FakeEngine(vocab_size=chat.vocab_size, cost_per_read_s=settings.fake_cost_per_read_s)
         return fake, chat
     if settings.backend == "vllm":
-        from workers.engine.vllm_backend import VllmEngine
+        from workers.engine.vllm_backend import VllmEngine, check_model
 
-        v = settings.vllm
+        v = check_model(settings.vllm)  # a setting the model cannot serve: refused here
         return VllmEngine(v), _chat_for(v.tokenizer or v.model)
     from workers.engine.vllm_backend import VllmRemoteEngine
 

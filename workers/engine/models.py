@@ -169,6 +169,51 @@ def full_size_config() -> Any:
     )
 
 
+# The diffusion fields of generation_config.json, as transformers' own defaults give them
+# (`DiffusionGemmaGenerationConfig._get_default_generation_params`). vLLM 0.33 reads the
+# file raw and fails to start on a null in any of them (`stability_threshold + 1`, then
+# "DiffusionGemma requires an EntropyBound sampler_config"); `save_pretrained` writes
+# nulls. A single-step read uses none of them (one read-only step); full denoising does.
+DIFFUSION_GENERATION: dict[str, Any] = {
+    "max_denoising_steps": 48,
+    "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+}
+
+
+def write_generation_config(directory: Path, config: Any) -> Path:
+    """Write `directory/generation_config.json` with real diffusion values and the text
+    config's special ids (replacing the nulls `save_pretrained` leaves)."""
+    import transformers
+
+    text = config.text_config
+    body = {
+        **DIFFUSION_GENERATION,
+        "bos_token_id": text.bos_token_id,
+        "eos_token_id": text.eos_token_id,
+        "pad_token_id": text.pad_token_id,
+        "return_dict_in_generate": True,
+        "transformers_version": transformers.__version__,
+    }
+    path = Path(directory) / "generation_config.json"
+    path.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def missing_generation_fields(directory: Path) -> list[str]:
+    """The diffusion fields vLLM needs that `directory/generation_config.json` lacks or
+    holds as null (all of them when the file is missing)."""
+    path = Path(directory) / "generation_config.json"
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return list(DIFFUSION_GENERATION)
+    return [k for k in DIFFUSION_GENERATION if body.get(k) is None]
+
+
 def _fingerprint(spec: TinySpec) -> str:
     import tokenizers
     import transformers
@@ -182,6 +227,7 @@ def _fingerprint(spec: TinySpec) -> str:
             "tk": tokenizers.__version__,
             # The tokenizer is trained on a corpus from these lists: new words, new merges.
             "corpus": [tokenizer._WORDS, tokenizer.VOCAB_SIZE, tokenizer.SPECIAL_TOKENS],
+            "generation": DIFFUSION_GENERATION,
         },
         sort_keys=True,
     )
@@ -216,6 +262,7 @@ def ensure_tiny_model(name: str = TINY_RANDOM.name, root: Path | None = None) ->
         torch.manual_seed(spec.seed)
         model = DiffusionGemmaForBlockDiffusion(tiny_config(spec)).eval()
         model.save_pretrained(str(tmp))
+        write_generation_config(tmp, model.config)
         save_pretrained_tokenizer(tmp)
         (tmp / ".complete").write_text("ok\n")
         try:

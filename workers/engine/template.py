@@ -106,12 +106,28 @@ class Encoder(Protocol):
 
 
 class ChatFormat:
-    """The model's chat template and special ids, from a Hugging Face tokenizer."""
+    """The model's chat template and special ids, from a Hugging Face tokenizer.
 
-    _EOT_CANDIDATES = ("<end_of_turn>", "<turn|>", "<|im_end|>", "<|eot_id|>")
+    Prompts are rendered as vLLM 0.33's own DiffusionGemma label reads render them: the
+    chat template with the generation prompt and thinking off, tokenized whole without
+    added special tokens, then (for a tokenizer that has Gemma 4's channel tokens) the
+    empty thought block after it, outside the canvas: vLLM's reader says results are far
+    worse without it. A tokenizer without those tokens (the demo model's) keeps the format
+    it was trained on.
+    """
+
+    # Gemma 4 (DiffusionGemma) ends a turn with "<turn|>"; older formats after it.
+    _EOT_CANDIDATES = ("<turn|>", "<end_of_turn>", "<|im_end|>", "<|eot_id|>")
+    # vLLM's `DiffusionGemmaCanvasStrategy.THOUGHT`: an empty thought channel.
+    THOUGHT = "<|channel>thought\n<channel|>"
+    _THOUGHT_TOKENS = ("<|channel>", "<channel|>")
+    # The chat-template switch vLLM's reads set (`ReadPromptRequest.build_chat_params`).
+    TEMPLATE_KWARGS: Mapping[str, Any] = {"enable_thinking": False}
     _SENTINEL = "\u0001DGSTREAM-USER\u0001"
 
-    def __init__(self, tokenizer: Any, eot_token: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, eot_token: str | None = None, *, thought: bool | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         vocab = tokenizer.get_vocab()
         if eot_token is None:
@@ -120,6 +136,9 @@ class ChatFormat:
         pad = tokenizer.pad_token_id
         self.pad_id: int = int(pad if pad is not None else tokenizer.eos_token_id)
         self.vocab_size: int = len(tokenizer)
+        if thought is None:
+            thought = all(t in vocab for t in self._THOUGHT_TOKENS)
+        self.thought_ids: tuple[int, ...] = tuple(self.encode(self.THOUGHT)) if thought else ()
         self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
         # Render once with a sentinel user turn: everything before it is the shared prefix.
@@ -130,6 +149,7 @@ class ChatFormat:
             ],
             add_generation_prompt=True,
             tokenize=False,
+            **self.TEMPLATE_KWARGS,
         )
         head, _, self._after_user = rendered.partition(self._SENTINEL)
         self._before_sys, _, self._between = head.partition("\u0002SYS\u0002")
@@ -151,8 +171,21 @@ class ChatFormat:
                 self._prefix_cache.popitem(last=False)
         return ids
 
-    def suffix_ids(self, user: str) -> tuple[int, ...]:
-        return tuple(self.encode(user + self._after_user))
+    def prompt_ids(self, system: str, user: str) -> tuple[tuple[int, ...], int]:
+        """The whole prompt's ids, and how many leading ones every prompt with this system
+        text shares (a backend may cache their KV).
+
+        The chat is tokenized whole, as vLLM tokenizes it, so no token can differ at the
+        seam between the shared part and the user's text; the shared count is where the
+        whole prompt and the cached prefix part ways (their full length in practice)."""
+        prefix = self.prefix_ids(system)
+        ids = self.encode(self._before_sys + system + self._between + user + self._after_user)
+        shared = 0
+        for a, b in zip(prefix, ids, strict=False):
+            if a != b:
+                break
+            shared += 1
+        return (*ids, *self.thought_ids), shared
 
 
 # --------------------------------------------------------------------------- slots
@@ -338,8 +371,7 @@ def make_read(
     seed: int,
     tag: str = "",
 ) -> Read:
-    prefix = chat.prefix_ids(system)
-    prompt = prefix + chat.suffix_ids(user)
+    prompt, shared = chat.prompt_ids(system, user)
     canvas = build_canvas(
         layout, eot_id=chat.eot_id, pad_id=chat.pad_id, vocab_size=chat.vocab_size, seed=seed
     )
@@ -347,6 +379,6 @@ def make_read(
         prompt_ids=prompt,
         canvas_ids=canvas,
         slots=layout.slots,
-        shared_prefix_len=len(prefix),
+        shared_prefix_len=shared,
         tag=tag,
     )

@@ -82,6 +82,12 @@ class FatalEngineError(EngineError):
     """The engine is unusable: stop consuming and let Ray restart the actor."""
 
 
+class EngineConfigError(FatalEngineError):
+    """The engine's settings cannot work with its model; the message names the setting.
+
+    A restart does not help: fix the configuration."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A batch of reads in, slot distributions out (one ReadResult per Read, same order)."""

@@ -46,12 +46,14 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.engine.types import (
+    EngineConfigError,
     EngineInfo,
     FatalEngineError,
     Read,
@@ -111,8 +113,10 @@ class VllmSettings(BaseModel):
     # questions; vLLM schedules this many tokens per running request per step
     # (`VllmConfig.num_speculative_tokens` returns it).
     canvas_length: int = Field(default=64, gt=0)
-    # The reported run's max_model_len.
-    max_model_len: int = Field(default=16_384, gt=0)
+    # The reported run's max_model_len (16,384) when None; with a local model directory it
+    # is capped at the model's max_position_embeddings, and an explicit value above that is
+    # refused at start (`check_model`).
+    max_model_len: int | None = Field(default=None, gt=0)
     # The reported run's backend; in 0.33 it is the engine arg `attention_backend`
     # (`--attention-backend`, vllm/engine/arg_utils.py, validated by
     # `AttentionConfig.validate_backend_before`). 0.33 has no VLLM_ATTENTION_BACKEND env var.
@@ -168,10 +172,67 @@ class VllmSettings(BaseModel):
     read_timeout_s: float = Field(default=120.0, gt=0)
     # Reported in EngineInfo until the engine is built (then read from its model config).
     vocab_size: int = DIFFUSION_GEMMA_VOCAB
+    # vLLM's `load_format`: "auto" reads the checkpoint; "dummy" gives random weights of the
+    # model's shape (benchmarks of the full-size shape without a download).
+    load_format: str = "auto"
+    # CUDA graph sizes (in scheduled tokens) to capture; None = vLLM's own list. Fewer sizes
+    # start faster.
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    # vLLM's async scheduling (the next step is scheduled while this one runs); None = vLLM's
+    # default for the configuration.
+    async_scheduling: bool | None = None
+
+
+# The reported run's max_model_len (DESIGN: RTX 3090, NVFP4, 16,384 tokens).
+REFERENCE_MAX_MODEL_LEN = 16_384
+
+
+def _local_model_config(model: str) -> dict[str, Any] | None:
+    path = Path(model).expanduser()
+    try:
+        body = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def check_model(settings: VllmSettings) -> VllmSettings:
+    """The settings resolved against a local model directory, or `EngineConfigError`
+    naming the setting that cannot work (vLLM's own refusal is a long stack trace).
+
+    A model that is not a local directory (a hub id) is left to vLLM."""
+    config = _local_model_config(settings.model)
+    if config is None:
+        if settings.max_model_len is None:
+            return settings.model_copy(update={"max_model_len": REFERENCE_MAX_MODEL_LEN})
+        return settings
+    from workers.engine.models import missing_generation_fields
+
+    text = config.get("text_config") or config
+    limit = text.get("max_position_embeddings")
+    length = settings.max_model_len
+    if length is None:
+        length = min(REFERENCE_MAX_MODEL_LEN, limit) if limit else REFERENCE_MAX_MODEL_LEN
+    elif limit and length > limit:
+        raise EngineConfigError(
+            f"engine.vllm.max_model_len: {length} is above the model's "
+            f"max_position_embeddings ({limit}) in {settings.model}/config.json; set it to "
+            f"{limit} or less (or leave it unset)"
+        )
+    missing = missing_generation_fields(Path(settings.model).expanduser())
+    if missing:
+        raise EngineConfigError(
+            f"engine.vllm.model: {settings.model}/generation_config.json lacks real values "
+            f"for {', '.join(missing)} (vLLM reads them raw and fails on null); write them "
+            "with workers.engine.models.write_generation_config"
+        )
+    return settings.model_copy(update={"max_model_len": length})
 
 
 def engine_args(settings: VllmSettings) -> dict[str, Any]:
-    """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs`."""
+    """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs` (settings checked and
+    resolved by `check_model` first)."""
+    settings = check_model(settings)
     args: dict[str, Any] = {
         "model": settings.model,
         "tokenizer": settings.tokenizer,
@@ -194,7 +255,12 @@ def engine_args(settings: VllmSettings) -> dict[str, Any]:
         "enforce_eager": settings.enforce_eager,
         "language_model_only": settings.language_model_only,
         "skip_tokenizer_init": settings.skip_tokenizer_init,
+        "load_format": settings.load_format,
     }
+    if settings.cudagraph_capture_sizes is not None:
+        args["cudagraph_capture_sizes"] = list(settings.cudagraph_capture_sizes)
+    if settings.async_scheduling is not None:
+        args["async_scheduling"] = settings.async_scheduling
     return args
 
 
@@ -362,8 +428,9 @@ class VllmEngine:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
+            args = engine_args(self.settings)  # EngineConfigError names a bad setting
             try:
-                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(self.settings)))
+                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
             except Exception as exc:
                 raise FatalEngineError(f"vLLM engine failed to start: {exc}") from exc
             self._engine = engine
