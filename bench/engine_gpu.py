@@ -184,6 +184,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=48, help="multi-step denoising steps")
     ap.add_argument("--multistep-batch", type=int, default=32)
     ap.add_argument("--out", default="")
+    ap.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    from bench.engine_vllm import add_arguments
+
+    add_arguments(ap)
     args = ap.parse_args()
     if args.render:
         from bench.report import write_section
@@ -192,6 +196,10 @@ def main() -> int:
         write_section("engine-gpu", md)
         print(md)
         return 0
+    if args.engine == "vllm":
+        from bench.engine_vllm import main as vllm_main
+
+        return vllm_main(args)
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     torch.set_grad_enabled(False)
     info: dict[str, Any] = {"device": device, "torch": torch.__version__}

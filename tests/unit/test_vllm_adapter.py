@@ -638,3 +638,34 @@ def test_null_generation_config_is_refused_naming_the_fields(tmp_path: Path) -> 
     )
     with pytest.raises(EngineConfigError, match=r"engine\.vllm\.model: .*sampler_config, t_min"):
         check_model(VllmSettings(model=str(tmp_path)))
+
+
+def test_serve_command_gives_vllm_the_in_process_engine_args(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`serve_command` parsed by vLLM's own `vllm serve` parser = our engine args."""
+    import dataclasses
+
+    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from workers.engine.models import TRAINED_DIRS
+    from workers.engine.vllm_backend import serve_command
+
+    # The parser's defaults build a DeviceConfig, which needs a device type (no GPU here).
+    monkeypatch.setattr(current_platform, "device_type", "cpu", raising=False)
+    for settings in (
+        VllmSettings(model=str(TRAINED_DIRS["demo"]), enforce_eager=True, max_num_seqs=64),
+        VllmSettings(load_format="dummy", enable_prefix_caching=False, skip_tokenizer_init=True),
+    ):
+        cmd = serve_command(settings, port=8123, name="demo")
+        assert cmd[0] == "serve"
+        ns = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", cmd[1], *cmd[2:]])
+        validate_parsed_serve_args(ns)
+        assert (ns.host, ns.port, ns.served_model_name) == ("127.0.0.1", 8123, ["demo"])
+        served = AsyncEngineArgs.from_cli_args(ns)
+        ours = AsyncEngineArgs(**engine_args(settings))
+        for f in dataclasses.fields(AsyncEngineArgs):
+            if f.name in engine_args(settings):
+                assert getattr(served, f.name) == getattr(ours, f.name), f.name

@@ -181,6 +181,9 @@ class VllmSettings(BaseModel):
     # vLLM's async scheduling (the next step is scheduled while this one runs); None = vLLM's
     # default for the configuration.
     async_scheduling: bool | None = None
+    # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
+    # writes traces there). For profiling runs only.
+    profiler_dir: str | None = None
 
 
 # The reported run's max_model_len (DESIGN: RTX 3090, NVFP4, 16,384 tokens).
@@ -261,7 +264,56 @@ def engine_args(settings: VllmSettings) -> dict[str, Any]:
         args["cudagraph_capture_sizes"] = list(settings.cudagraph_capture_sizes)
     if settings.async_scheduling is not None:
         args["async_scheduling"] = settings.async_scheduling
+    if settings.profiler_dir:
+        args["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": settings.profiler_dir,
+            "torch_profiler_with_stack": False,
+        }
     return args
+
+
+def serve_command(
+    settings: VllmSettings, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None
+) -> list[str]:
+    """`vllm serve` arguments for a server the remote mode can read from, with the same
+    engine settings as the in-process engine (run it with the vLLM environment's Python:
+    `python -m vllm.entrypoints.cli.main serve ...`)."""
+    a = engine_args(settings)
+    cmd = ["serve", str(a["model"]), "--host", host, "--port", str(port)]
+    if name:
+        cmd += ["--served-model-name", name]
+    flags = {
+        "tokenizer": a["tokenizer"],
+        "revision": a["revision"],
+        "diffusion-config": json.dumps(a["diffusion_config"]),
+        "max-model-len": a["max_model_len"],
+        "attention-backend": a["attention_backend"],
+        "max-logprobs": a["max_logprobs"],
+        "max-num-seqs": a["max_num_seqs"],
+        "max-num-batched-tokens": a["max_num_batched_tokens"],
+        "gpu-memory-utilization": a["gpu_memory_utilization"],
+        "quantization": a["quantization"],
+        "dtype": a["dtype"],
+        "seed": a["seed"],
+        "tensor-parallel-size": a["tensor_parallel_size"],
+        "load-format": a["load_format"],
+    }
+    for flag, value in flags.items():
+        if value is not None:
+            cmd += [f"--{flag}", str(value)]
+    switches = {
+        "enable-prefix-caching": a["enable_prefix_caching"],
+        "enforce-eager": a["enforce_eager"],
+        "language-model-only": a["language_model_only"],
+        "skip-tokenizer-init": a["skip_tokenizer_init"],
+    }
+    for flag, on in switches.items():
+        if on:
+            cmd.append(f"--{flag}")
+        elif flag == "enable-prefix-caching":
+            cmd.append("--no-enable-prefix-caching")
+    return cmd
 
 
 def _extra_args(read: Read, constrained: bool, *, as_ints: bool) -> dict[str, Any]:
@@ -415,6 +467,15 @@ class VllmEngine:
             vocab_size=self._vocab_size,
             device="cuda",
         )
+
+    def sibling(self, *, diffusion_constrained: bool) -> VllmEngine:
+        """An engine over the same vLLM instance whose reads differ only in the per-request
+        `diffusion_constrained` (both modes from one GPU allocation); start this one first."""
+        other = VllmEngine(
+            self.settings.model_copy(update={"diffusion_constrained": diffusion_constrained})
+        )
+        other._engine, other._vocab_size, other._lock = self._engine, self._vocab_size, self._lock
+        return other
 
     async def start(self) -> None:
         """Build the engine (loads the weights: minutes). `read` calls it when needed.
@@ -675,7 +736,9 @@ __all__ = [
     "build_completion_body",
     "build_sampling_params",
     "build_xargs",
+    "check_model",
     "engine_args",
     "parse_completion",
     "parse_output",
+    "serve_command",
 ]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One step of the vLLM GPU session, on the GPU machine after `install.sh` (see stage.sh).
+# Logs and JSON go to $OUT (the device tool brings them home); docs/data keeps them.
+#
+#   bash bench/gpu/vllm_session.sh tests        # tests/gpu: demo model, vLLM vs transformers
+#   bash bench/gpu/vllm_session.sh nvfp4|bf16   # full-size shape, dummy weights, 23 GiB
+#   bash bench/gpu/vllm_session.sh transformers # the transformers engine rows, same shapes
+set -u
+export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1
+# Stay off the network (there is none) and keep vLLM's caches in one place on the machine.
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt"
+case "${1:-}" in
+  tests)
+    DGSTREAM_GPU_OUT=$out timeout 560 python3 -m pytest tests/gpu -m gpu -v -rs \
+      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+    ;;
+  nvfp4|bf16)
+    mkdir -p /root/prof
+    timeout 560 python3 bench/engine_gpu.py --engine vllm --quant "$1" --budget-gib 23 \
+      --profile "/root/prof/$1" --out "$out/engine_vllm_$1.json" 2>&1 | tee "$out/engine_vllm_$1.log"
+    # The profiler's tables are small; the traces are not (they stay on the machine).
+    (cd /root/prof && tar czf "$out/profile_$1.tgz" --exclude='*.json.gz' --exclude='*.pt.trace.json*' . ) || true
+    ls -laR /root/prof | head -40 > "$out/profile_$1_files.txt"
+    ;;
+  transformers)
+    timeout 560 python3 bench/engine_gpu.py --out "$out/engine_gpu.json" 2>&1 | tee "$out/engine_gpu.log"
+    ;;
+  *) echo "usage: $0 tests|nvfp4|bf16|transformers" >&2; exit 2 ;;
+esac

@@ -1,0 +1,267 @@
+"""vLLM for real on a GPU: the demo checkpoint through `VllmEngine` and a real `vllm serve`,
+against the transformers engine on the same GPU, on held-out demo requests.
+
+Skipped where there is no CUDA GPU or no vLLM (CI); run on the GPU machine:
+
+    DGSTREAM_GPU_OUT=$OUT python3 -m pytest tests/gpu -m gpu -v
+
+For every request the engines read the same canvases (the noise seeds are the request's),
+so their answers must agree: the same answer to every question and every probability
+within 0.01 (bf16 kernels differ in their last bits). vLLM's answers must also pass the
+demo model's own bar. Figures (agreement, gaps, accuracy, reads/s, engine start) go to
+`$DGSTREAM_GPU_OUT/gpu_tests.json` when set; nothing is asserted on speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+pytest.importorskip("vllm")
+
+from demo_model_bar import assert_bar_met  # noqa: E402
+
+from schemas import ClassificationResult  # noqa: E402
+from workers import demo_tasks  # noqa: E402
+from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
+from workers.engine.factory import EngineSettings, build_classifier  # noqa: E402
+from workers.engine.models import TRAINED_DIRS  # noqa: E402
+from workers.engine.vllm_backend import (  # noqa: E402
+    VllmEngine,
+    VllmRemoteEngine,
+    VllmRemoteSettings,
+    VllmSettings,
+    check_model,
+    serve_command,
+)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
+
+COUNT = int(os.environ.get("DGSTREAM_GPU_REQUESTS", "300"))
+REMOTE_COUNT = min(COUNT, 100)
+BATCH = 64
+MAX_GAP = 0.01
+DEMO = str(TRAINED_DIRS["demo"])
+# Each vLLM instance takes this share of the card (an H200's 141 GB: ~17 GB), far more than
+# the demo model needs; the in-process engine and the server run side by side.
+GPU_SHARE = 0.12
+REPORT: dict[str, Any] = {}
+
+
+def demo_settings(**overrides: Any) -> VllmSettings:
+    base = {
+        "model": DEMO,
+        "gpu_memory_utilization": GPU_SHARE,
+        # The demo model is tiny: CUDA graphs would only lengthen the start.
+        "enforce_eager": True,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 16_384,
+    }
+    return check_model(VllmSettings(**{**base, **overrides}))
+
+
+def _write_report() -> None:
+    out = os.environ.get("DGSTREAM_GPU_OUT")
+    if out:
+        Path(out, "gpu_tests.json").write_text(json.dumps(REPORT, indent=2, default=str))
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One loop for the module: an in-process vLLM stays bound to the loop it started on."""
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[demo_tasks.Example]:
+    return demo_tasks.held_out_examples(0, COUNT)
+
+
+@pytest.fixture(scope="module")
+def requests(examples: list[demo_tasks.Example]) -> list[Any]:
+    return [demo_tasks.validate(ex.request) for ex in examples]
+
+
+def classify(
+    loop: asyncio.AbstractEventLoop, classifier: Classifier, reqs: Sequence[Any]
+) -> tuple[list[Any], float]:
+    async def run() -> list[Any]:
+        out: list[Any] = []
+        for i in range(0, len(reqs), BATCH):
+            out.extend(await classifier.classify(reqs[i : i + BATCH]))
+        return out
+
+    t0 = time.perf_counter()
+    results = loop.run_until_complete(run())
+    return results, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def hf_results(loop: asyncio.AbstractEventLoop, requests: list[Any]) -> list[Any]:
+    classifier = build_classifier(EngineSettings(model="demo", device="cuda", reuse_prefix=False))
+    classify(loop, classifier, requests[:BATCH])  # warm-up
+    results, seconds = classify(loop, classifier, requests)
+    REPORT["transformers"] = {"requests": len(requests), "seconds": seconds}
+    return results
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
+    engine = VllmEngine(demo_settings())
+    t0 = time.perf_counter()
+    loop.run_until_complete(engine.start())
+    REPORT["vllm_start_s"] = time.perf_counter() - t0
+    yield engine
+    loop.run_until_complete(engine.close())
+    _write_report()
+
+
+def _chat() -> Any:
+    from transformers import AutoTokenizer
+
+    from workers.engine.template import ChatFormat
+
+    return ChatFormat(AutoTokenizer.from_pretrained(DEMO))
+
+
+def probabilities(answer: Any) -> dict[str, float]:
+    if answer.type == "yes_no":
+        return {"yes": answer.p_yes, "no": 1 - answer.p_yes}
+    return dict(answer.probabilities)
+
+
+def compare(ours: Sequence[Any], theirs: Sequence[Any]) -> dict[str, Any]:
+    """Questions compared, answers that differ, and the largest probability gap."""
+    questions = differ = 0
+    gap = 0.0
+    for a, b in zip(ours, theirs, strict=True):
+        assert isinstance(a, ClassificationResult) and isinstance(b, ClassificationResult)
+        assert a.id == b.id
+        for qid, x in a.answers.items():
+            y = b.answers[qid]
+            questions += 1
+            differ += demo_tasks.answer_name(x.model_dump()) != demo_tasks.answer_name(
+                y.model_dump()
+            )
+            px, py = probabilities(x), probabilities(y)
+            assert px.keys() == py.keys()
+            gap = max(gap, *(abs(px[k] - py[k]) for k in px))
+    return {"questions": questions, "answers_differ": differ, "max_probability_gap": gap}
+
+
+def bar(examples: Sequence[demo_tasks.Example], results: Sequence[Any]) -> demo_tasks.CheckReport:
+    wire = [demo_tasks.result_dict(r) for r in results]
+    return demo_tasks.check(demo_tasks.score_results(examples, wire))
+
+
+@pytest.mark.parametrize("constrained", [True, False], ids=["constrained", "full-vocabulary"])
+def test_vllm_answers_as_the_transformers_engine_does(
+    loop: asyncio.AbstractEventLoop,
+    vllm_engine: VllmEngine,
+    examples: list[demo_tasks.Example],
+    requests: list[Any],
+    hf_results: list[Any],
+    constrained: bool,
+) -> None:
+    engine = vllm_engine.sibling(diffusion_constrained=constrained)
+    classifier = Classifier(engine, _chat(), ClassifierSettings(seed=0))
+    classify(loop, classifier, requests[:BATCH])  # warm-up
+    results, seconds = classify(loop, classifier, requests)
+    agreement = compare(hf_results, results)
+    report = bar(examples, results)
+    mode = "constrained" if constrained else "full_vocabulary"
+    REPORT[f"vllm_{mode}"] = {
+        **agreement,
+        "requests": len(requests),
+        "seconds": seconds,
+        "accuracy": report.accuracy,
+        "ece": report.ece,
+        "counts": report.counts,
+    }
+    print(f"\nvLLM {mode}: {agreement}; {report.summary()}; {len(requests) / seconds:.1f} req/s")
+    assert agreement["answers_differ"] == 0, agreement
+    assert agreement["max_probability_gap"] <= MAX_GAP, agreement
+    assert_bar_met(report)
+    if not constrained:  # the full vocabulary is read: the label mass is known
+        assert all(m is not None for r in results for m in r.diagnostics.label_mass.values())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `vllm serve` of the demo model on loopback, stopped after the module."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    cmd += serve_command(demo_settings(), port=port, name="demo")
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 420
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve did not come up:\n{log.read_text()[-4000:]}")
+            time.sleep(1)  # polling a process we do not control; the loop waits on /health
+        REPORT["serve_start_s"] = time.perf_counter() - t0
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        out_dir = os.environ.get("DGSTREAM_GPU_OUT")
+        if out_dir:
+            Path(out_dir, "vllm_serve.log").write_bytes(log.read_bytes()[-200_000:])
+
+
+def test_remote_vllm_serve_answers_as_in_process(
+    loop: asyncio.AbstractEventLoop,
+    vllm_engine: VllmEngine,
+    vllm_server: str,
+    requests: list[Any],
+) -> None:
+    chat = _chat()
+    remote = VllmRemoteEngine(
+        VllmRemoteSettings(base_url=vllm_server, model="demo", canvas_length=64, vocab_size=2048)
+    )
+    subset = requests[:REMOTE_COUNT]
+    local, _ = classify(loop, Classifier(vllm_engine, chat, ClassifierSettings(seed=0)), subset)
+    results, seconds = classify(loop, Classifier(remote, chat, ClassifierSettings(seed=0)), subset)
+    agreement = compare(local, results)
+    REPORT["vllm_remote"] = {**agreement, "requests": len(subset), "seconds": seconds}
+    print(f"\nvllm serve: {agreement}; {len(subset) / seconds:.1f} req/s")
+    assert agreement["answers_differ"] == 0, agreement
+    assert agreement["max_probability_gap"] <= MAX_GAP, agreement
