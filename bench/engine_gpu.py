@@ -176,6 +176,8 @@ def render(result: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--render", default="", help="write docs/benchmarks.md's section from JSON")
+    ap.add_argument("--render-vllm", nargs="+", default=[], help="the vLLM section from JSON")
+    ap.add_argument("--render-gpu-tests", default="", help="the GPU tier's section from JSON")
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt", type=int, default=256)
@@ -194,6 +196,23 @@ def main() -> int:
 
         md = render(json.loads(Path(args.render).read_text()))
         write_section("engine-gpu", md)
+        print(md)
+        return 0
+    if args.render_gpu_tests:
+        from bench.engine_vllm import render_tests
+        from bench.report import write_section
+
+        path = Path(args.render_gpu_tests)
+        md = render_tests(path, path.with_name("gpu_tests_bf16.json"))
+        write_section("gpu-tests", md)
+        print(md)
+        return 0
+    if args.render_vllm:
+        from bench.engine_vllm import render as render_vllm
+        from bench.report import write_section
+
+        md = render_vllm([Path(p) for p in args.render_vllm])
+        write_section("engine-vllm", md)
         print(md)
         return 0
     if args.engine == "vllm":

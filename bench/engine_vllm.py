@@ -80,29 +80,34 @@ def full_size_dir(quant: str, root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def tee_stderr(into: list[str]) -> Iterator[None]:
-    """Copy everything written to fd 2 (this process and its children: vLLM's engine core
-    logs there) into `into`, while still writing it out."""
-    saved = os.dup(2)
-    r, w = os.pipe()
-    os.dup2(w, 2)
-    os.close(w)
+def tee_output(into: list[str]) -> Iterator[None]:
+    """Copy everything written to fds 1 and 2 (this process and its children: vLLM's engine
+    core logs to both) into `into`, while still writing it out."""
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    threads = []
+    for fd in (1, 2):
+        r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
 
-    def pump() -> None:
-        with os.fdopen(r, "rb", buffering=0) as src:
-            while chunk := src.read(65536):
-                os.write(saved, chunk)
-                into.append(chunk.decode(errors="replace"))
+        def pump(r: int = r, out: int = saved[fd]) -> None:
+            with os.fdopen(r, "rb", buffering=0) as src:
+                while chunk := src.read(65536):
+                    os.write(out, chunk)
+                    into.append(chunk.decode(errors="replace"))
 
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
+        threads.append(threading.Thread(target=pump, daemon=True))
+        threads[-1].start()
     try:
         yield
     finally:
+        sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        t.join(2)
-        os.close(saved)
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        for t in threads:
+            t.join(2)
 
 
 class PeakMemory:
@@ -119,15 +124,31 @@ class PeakMemory:
         self.name = str(pynvml.nvmlDeviceGetName(self._handle))
         self._every = every_s
         self.peak = 0
+        self.processes: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
-            self.peak = max(self.peak, int(used))
+            used = int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+            if used > self.peak:
+                self.peak = used
+                self.processes = self._processes()
             self._stop.wait(self._every)
+
+    def _processes(self) -> dict[int, float]:
+        """GiB per process on the card (the engine core, and whatever else holds memory)."""
+        try:
+            procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except self._nvml.NVMLError:
+            return {}
+        return {int(p.pid): (p.usedGpuMemory or 0) / 2**30 for p in procs}
+
+    def reset(self) -> int:
+        """The peak so far; sampling goes on from zero (load-time transients stay apart)."""
+        peak, self.peak = self.peak, 0
+        return peak
 
     def close(self) -> int:
         self._stop.set()
@@ -219,10 +240,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     engine = VllmEngine(settings)
     log: list[str] = []
-    with tee_stderr(log):
+    with tee_output(log):
         t0 = time.perf_counter()
         await engine.start()
         start_s = time.perf_counter() - t0
+        start_peak, start_processes = peak.reset(), dict(peak.processes)
         cache = engine._engine.vllm_config.cache_config
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab)
@@ -244,7 +266,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_tokens": int(kv_tokens[-1].replace(",", "")) if kv_tokens else None,
         "kv_blocks": cache.num_gpu_blocks,
         "block_size": cache.block_size,
+        # Start (weights loaded, profiled, graphs captured) and serving, apart: dummy NVFP4
+        # weights are made in bf16 and then packed, a transient a real checkpoint skips.
+        "start_peak_gib": start_peak / 2**30,
+        "start_peak_processes_gib": start_processes,
         "peak_gib": peak.close() / 2**30,
+        "peak_processes_gib": peak.processes,
         "settings": settings.model_dump(),
     }
     print(f"# {json.dumps({k: v for k, v in info.items() if k != 'settings'})}", flush=True)
@@ -256,7 +283,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--budget-gib", type=float, default=23.0, help="GPU memory for vLLM")
     ap.add_argument("--max-model-len", type=int, default=16_384)
     ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16_384)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--profile", default="", help="absolute dir for torch profiler traces")
@@ -267,3 +294,160 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2, default=str))
     return 0
+
+
+# --- docs/benchmarks.md ------------------------------------------------------------------
+
+# The figures of 2026-12-01 (the first vLLM run, before this benchmark existed; same
+# shapes, vLLM's default scheduling with max_num_seqs 16), reads/s at batch 1/8/32/128/256.
+EARLIER = {
+    ("nvfp4", "unique"): [25, 39, 48, 60, 70],
+    ("nvfp4", "shared"): [33, 122, 140, 134, 140],
+    ("bf16", "unique"): [26, 58, 87, 81, 102],
+}
+TARGETS = (
+    "at batch 256: >= 300 reads/s unique, >= 1,000 on one question set; p50 <= 25 ms at batch 1"
+)
+COMMAND = (
+    "bash bench/gpu/vllm_session.sh nvfp4    # on the GPU machine (then bf16): "
+    "bench/engine_gpu.py --engine vllm\n"
+    "python bench/engine_gpu.py --render-vllm docs/data/engine_vllm_nvfp4.json "
+    "docs/data/engine_vllm_bf16.json   # here: this section"
+)
+
+
+def _from_log(path: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Weights and KV tokens from the run's log where the JSON lacks them."""
+    log = path.with_suffix(".log")
+    if log.exists() and (info.get("weights_gib") is None or info.get("kv_cache_tokens") is None):
+        text = log.read_text(errors="replace")
+        loaded = re.findall(r"Model loading took ([0-9.]+) GiB", text)
+        kv = re.findall(r"GPU KV cache size: ([0-9,]+) tokens", text)
+        info = {
+            **info,
+            "weights_gib": float(loaded[-1]) if loaded else None,
+            "kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None,
+        }
+    return info
+
+
+def render(paths: list[Path]) -> str:
+    runs = []
+    for p in paths:
+        body = json.loads(p.read_text())
+        runs.append((_from_log(p, body["info"]), body["rows"]))
+    first = runs[0][0]["settings"]
+    lines = [
+        "## vLLM on one H200: the full-size DiffusionGemma shape, dummy weights",
+        "",
+        f"vLLM 0.33.0 (torch 2.14), `VllmEngine` in-process, `load_format=dummy` (random "
+        f"weights of the published shape; no download). Reads as the transformers rows: "
+        f"256-token prompts, a {first['canvas_length']}-token canvas, 3 answer slots, "
+        f"constrained reads (`diffusion_constrained`); served canvas {first['canvas_length']}, "
+        f"max_model_len {first['max_model_len']}, max_num_seqs {first['max_num_seqs']}, "
+        f"max_num_batched_tokens {first['max_num_batched_tokens']}, {first['attention_backend']}, "
+        "prefix caching, CUDA graphs. `unique`: prompts that share nothing (fresh each "
+        "repeat); `shared`: one question set (a 224-token prefix common to all).",
+        "",
+        "| weights | budget (gpu_memory_utilization) | weights GiB | KV cache tokens "
+        "| card peak GiB | engine start s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for info, _ in runs:
+        lines.append(
+            f"| {info['quant']} | {info['budget_gib']:.0f} GiB ({info['gpu_memory_utilization']}) "
+            f"| {info['weights_gib']} | {info['kv_cache_tokens']:,} | {info['peak_gib']:.1f} "
+            f"| {info['start_s']:.0f} |"
+        )
+    head = "| batch |"
+    rule = "|---:|"
+    for info, _ in runs:
+        for kind in ("unique", "shared"):
+            head += f" {info['quant']} {kind}: reads/s (p50 / p99 ms) | earlier |"
+            rule += "---:|---:|"
+    lines += ["", head, rule]
+    batches = sorted({r["batch"] for _, rows in runs for r in rows})
+    for i, b in enumerate(batches):
+        cells = [str(b)]
+        for info, rows in runs:
+            by = {r["variant"]: r for r in rows if r["batch"] == b}
+            for kind in ("unique", "shared"):
+                r = by.get(f"vllm/{kind}")
+                cells.append(
+                    f"{r['reads_per_s']:.1f} ({r['p50_ms']:.0f} / {r['p99_ms']:.0f})" if r else "-"
+                )
+                earlier = EARLIER.get((info["quant"], kind))
+                cells.append(str(earlier[i]) if earlier and i < len(earlier) else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Targets ({TARGETS}): not met yet; see the profile notes below. `earlier`: the "
+        "first vLLM run of 2026-12-01 (same shapes, max_num_seqs 16).",
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        COMMAND,
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+def render_tests(path: Path, bf16_path: Path | None = None) -> str:
+    """The GPU tier's figures (tests/gpu writes them to $DGSTREAM_GPU_OUT/gpu_tests.json)."""
+    r = json.loads(path.read_text())
+    hf = r["transformers"]
+    lines = [
+        "## vLLM against the transformers engine on the GPU: the demo model (tests/gpu)",
+        "",
+        f"{hf['requests']} held-out demo requests through `Classifier`, the same canvases "
+        "(noise seeds) for every engine, both engines in fp32 on one H200. Pass: every answer "
+        "the same, every probability within 0.01, vLLM's answers over the demo model's bar.",
+        "",
+        "| engine | questions | answers that differ | largest probability gap | accuracy "
+        "yes/no / choice / score | ECE | requests/s |",
+        "|---|---:|---:|---:|---|---:|---:|",
+        f"| transformers (CUDA) | - | - | - | - | - | {hf['requests'] / hf['seconds']:.0f} |",
+    ]
+    for key, name in (
+        ("vllm_constrained", "VllmEngine, constrained"),
+        ("vllm_full_vocabulary", "VllmEngine, full vocabulary"),
+        ("vllm_remote", "`vllm serve` over HTTP (against in-process)"),
+    ):
+        v = r[key]
+        acc = v.get("accuracy")
+        accuracy = (
+            " / ".join(f"{acc[k]:.3f}" for k in ("yes_no", "choice", "score")) if acc else "-"
+        )
+        ece = f"{v['ece']:.4f}" if "ece" in v else "-"
+        lines.append(
+            f"| {name} | {v['questions']} | {v['answers_differ']} | "
+            f"{v['max_probability_gap']:.4f} | {accuracy} | {ece} | "
+            f"{v['requests'] / v['seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Engine start: in-process {r['vllm_start_s']:.0f} s, `vllm serve` {r['serve_start_s']:.0f} s "
+        "(eager: the demo model is tiny).",
+    ]
+    if bf16_path is not None and bf16_path.exists():
+        b = json.loads(bf16_path.read_text())["vllm_constrained"]
+        lines += [
+            "",
+            f"In bf16 (the production dtype) the same run gave {b['answers_differ']} different "
+            f"answers of {b['questions']} and a largest probability gap of "
+            f"{b['max_probability_gap']:.3f}: over the 0.01 bar, so the test compares in fp32.",
+        ]
+    lines += [
+        "",
+        "The requests/s column is the demo model (3.6 M parameters): vLLM's cost there is its "
+        "per-read overhead, not the model.",
+        "",
+        "Reproduce (GPU machine; `docs/data/gpu_tests.json`):",
+        "",
+        "```",
+        "bash bench/gpu/vllm_session.sh tests",
+        "python bench/engine_gpu.py --render-gpu-tests docs/data/gpu_tests.json",
+        "```",
+    ]
+    return "\n".join(lines)

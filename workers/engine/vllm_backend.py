@@ -490,6 +490,9 @@ class VllmEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
 
             args = engine_args(self.settings)  # EngineConfigError names a bad setting
+            # vLLM forks its engine-core process by default, and a fork cannot use CUDA once
+            # this process has touched it (torch.cuda.is_available() is enough): spawn.
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
             try:
                 engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
             except Exception as exc:
