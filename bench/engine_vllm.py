@@ -427,8 +427,8 @@ def render_tests(path: Path, bf16_path: Path | None = None) -> str:
         )
     lines += [
         "",
-        f"Engine start: in-process {r['vllm_start_s']:.0f} s, `vllm serve` {r['serve_start_s']:.0f} s "
-        "(eager: the demo model is tiny).",
+        f"Engine start: in-process {r['vllm_start_s']:.0f} s, `vllm serve` "
+        f"{r['serve_start_s']:.0f} s (eager: the demo model is tiny).",
     ]
     if bf16_path is not None and bf16_path.exists():
         b = json.loads(bf16_path.read_text())["vllm_constrained"]
