@@ -8,7 +8,10 @@
 # into /root/site (beside the image's own packages, never over them).
 #
 #   bash bench/gpu/stage.sh [LIST ...]     # default: bench/gpu/vllm-wheels.txt
+#   bash bench/gpu/stage.sh bench/gpu/vllm-wheels.txt bench/gpu/pipeline-wheels.txt
 #
+# With pipeline-wheels.txt the Kafka broker's jars (.cache/kafka/lib, from `make kafka-jars`)
+# travel too, and land in /root/extra/kafka-lib there (point DGSTREAM_KAFKA_LIB at it).
 # Everything goes under .gpu/ (ignored by git). It prints the device calls to make.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,7 +29,19 @@ cat "${lists[@]}" | grep -v '^#' | grep . | sort -u > .gpu/pins.txt
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${plats[@]}" -d .gpu/wheels -r .gpu/pins.txt
 rm -f .gpu/parts/*
-(cd .gpu/wheels && tar cf ../wheels.tar *.whl)
+rm -rf .gpu/extra && mkdir -p .gpu/extra
+if grep -q '^kafka_python' .gpu/pins.txt; then
+  [ -d .cache/kafka/lib ] || { echo "no Kafka jars in .cache/kafka/lib: run make kafka-jars" >&2; exit 1; }
+  cp -r .cache/kafka/lib .gpu/extra/kafka-lib
+fi
+# Only the wheels the lists name (.gpu/wheels may hold others from earlier runs).
+names=$(sed -E 's/==.*//; s/[-_.]+/_/g' .gpu/pins.txt | tr 'A-Z' 'a-z')
+keep=()
+for w in .gpu/wheels/*.whl; do
+  n=$(basename "$w" | cut -d- -f1 | sed -E 's/[-_.]+/_/g' | tr 'A-Z' 'a-z')
+  if grep -qx "$n" <<<"$names"; then keep+=("$(basename "$w")"); fi
+done
+tar cf .gpu/wheels.tar -C .gpu/wheels "${keep[@]}" -C .. extra
 # Each part gets what the work tree leaves of a call's 64 MiB, less 2 MiB of slack.
 tree_kib=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -c -k --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
 part_kib=$(( 64 * 1024 - tree_kib - 2048 ))
