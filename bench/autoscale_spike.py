@@ -187,6 +187,7 @@ class RayCluster:
     token: str
     node_names: dict[str, str] = field(default_factory=dict)  # node id -> custom resource
     dashboard: bool = False
+    temp_dir: str = ""  # the head's Ray temp dir (sessions, logs); removed after
 
 
 @contextlib.contextmanager
@@ -228,7 +229,7 @@ def ray_cluster(
                 custom = [k for k in n["Resources"] if k.startswith("node-")]
                 if custom:
                     names[n["NodeID"]] = custom[0]
-            yield RayCluster(cluster, cluster.address, token, names, dashboard)
+            yield RayCluster(cluster, cluster.address, token, names, dashboard, str(temp_dir))
         finally:
             with contextlib.suppress(Exception):
                 ray.shutdown()
