@@ -187,6 +187,7 @@ class RayCluster:
     token: str
     node_names: dict[str, str] = field(default_factory=dict)  # node id -> custom resource
     dashboard: bool = False
+    temp_dir: str = ""  # the head's Ray temp dir (sessions, logs); removed after
 
 
 @contextlib.contextmanager
@@ -199,22 +200,21 @@ def ray_cluster(
 
     Each node may name itself with a custom resource (`resources: {"node-a": 1}`)."""
     import ray
-    from ray._common.utils import get_ray_address_file
     from ray.cluster_utils import Cluster
+
+    from topology.local_ray import private_ray_tmp
 
     if ray.is_initialized():
         raise RuntimeError("this process is already connected to a Ray cluster")
-    # Cluster() writes, and its shutdown deletes, the machine's "current cluster" file
-    # that `ray.init(address="auto")` reads: put back what other engineers had there.
-    address_file = Path(get_ray_address_file(None))
-    previous = address_file.read_text() if address_file.exists() else None
-    temp_dir = tempfile.mkdtemp(prefix="dgas-", dir="/tmp")  # short: it holds sockets
-    with ray_token_auth() as token:
-        head = {**nodes[0], "temp_dir": temp_dir, "include_dashboard": dashboard}
+    # Cluster() writes (and its shutdown deletes) the "current cluster" file in Ray's
+    # default temp dir: a private one, so that no shared /tmp/ray is needed or touched.
+    with private_ray_tmp("dgas-") as temp_dir, ray_token_auth() as token:
+        head = {**nodes[0], "temp_dir": str(temp_dir), "include_dashboard": dashboard}
         if dashboard:
             head.update(dashboard_host="127.0.0.1", dashboard_port=_free_port())
-        cluster = Cluster(initialize_head=True, head_node_args=head)
+        cluster = None
         try:
+            cluster = Cluster(initialize_head=True, head_node_args=head)
             for node in nodes[1:]:
                 cluster.add_node(**node)
             cluster.wait_for_nodes()
@@ -229,15 +229,12 @@ def ray_cluster(
                 custom = [k for k in n["Resources"] if k.startswith("node-")]
                 if custom:
                     names[n["NodeID"]] = custom[0]
-            yield RayCluster(cluster, cluster.address, token, names, dashboard)
+            yield RayCluster(cluster, cluster.address, token, names, dashboard, str(temp_dir))
         finally:
             with contextlib.suppress(Exception):
                 ray.shutdown()
-            cluster.shutdown()
-            if previous is not None and not address_file.exists():
-                with contextlib.suppress(OSError):
-                    address_file.write_text(previous)
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            if cluster is not None:
+                cluster.shutdown()
 
 
 def kill_workers(namespace: str, prefix: str = "dgstream-") -> int:

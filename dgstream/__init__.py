@@ -3,13 +3,16 @@
 from dgstream import Client
 """
 
-from dgstream.client import Client, RequestFailed, RequestInvalid
+from dgstream.client import Client, KafkaConnectError, RequestFailed, RequestInvalid
 from schemas import ClassificationResult, ErrorCode, RequestError
+from workers.kafka_settings import KafkaConnection
 
 __all__ = [
     "ClassificationResult",
     "Client",
     "ErrorCode",
+    "KafkaConnectError",
+    "KafkaConnection",
     "RequestError",
     "RequestFailed",
     "RequestInvalid",

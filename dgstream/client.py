@@ -13,7 +13,14 @@ dead letter counts only when its request id is waiting here and the original req
 this client's reply topic, so other producers' dead letters are passed over.
 
 Errors: `RequestInvalid` (refused before sending), `RequestFailed` (refused by the
-pipeline), `TimeoutError` (no answer in time).
+pipeline), `TimeoutError` (no answer in time). Creating a client checks the connection
+first: `KafkaConnectError` (a `ConnectionError`; `.reason` is "authentication", "tls",
+"secret", "protocol" or "unreachable") says at once why these settings cannot work.
+
+The Kafka settings are a `KafkaConnection`, the object the pipeline's topology uses too:
+`Client(load_topology(path).kafka, ...)` connects as the deployment does, and
+`Client(KafkaConnection.from_env(), ...)` from `DGSTREAM_KAFKA_*` variables; a password is
+read from the environment variable it names.
 
     with Client("127.0.0.1:9092", "moderation.requests",
                 dead_letter_topic="moderation.dead-letters") as client:
@@ -39,7 +46,10 @@ from schemas import (
     RequestError,
     parse_request,
 )
+from workers.kafka_probe import KafkaConnectError, check_connection
 from workers.kafka_settings import KafkaConnection
+
+__all__ = ["Client", "KafkaConnectError", "RequestFailed", "RequestInvalid"]
 
 
 class RequestInvalid(ValueError):
@@ -83,6 +93,7 @@ class Client:
         # One reply topic per client by default: nobody else's results to skip.
         self.reply_topic = reply_topic or f"dgstream.replies.{uuid.uuid4().hex[:12]}"
         self.timeout_s = timeout_s
+        check_connection(self.connection)
         ensure_topics(self.connection, {self.reply_topic: 1})
         kw = self.connection.client_kwargs()
         self._producer = KafkaProducer(acks="all", enable_idempotence=True, **kw)

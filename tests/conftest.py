@@ -3,7 +3,8 @@
 Kafka: `kafka_broker` is ONE real broker (KRaft, loopback, a free port, a temporary home)
 for the whole session; tests isolate themselves with `unique_name`, `topic` and `group`.
 A test using it fails, never skips, when the broker's jars cannot be fetched or it does
-not start.
+not start. `secure_broker` is a second one with TLS and SCRAM-SHA-512 listeners
+(`tests/secure_kafka.py`), started only when a test asks for it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import pytest
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 if TYPE_CHECKING:
+    from secure_kafka import SecureBroker
+
     from infra.kafka.broker import BrokerInfo
     from workers.kafka_settings import KafkaConnection
 
@@ -99,3 +102,37 @@ def kafka_admin(kafka_connection: KafkaConnection) -> Iterator[Any]:
         yield admin
     finally:
         admin.close()
+
+
+@pytest.fixture(scope="session")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """A real broker whose client listeners are TLS (certificates made with keytool now)
+    and SASL_SSL with one SCRAM-SHA-512 user. Its password, and a wrong one, are random and
+    live only in this process's environment (`SecureBroker.password_env`, by name) for
+    the session; stopped and unset at the end."""
+    import secrets
+
+    from secure_kafka import PASSWORD_ENV, USER, WRONG_PASSWORD_ENV, SecureBroker
+
+    from infra.kafka import broker
+
+    try:
+        broker.fetch()
+    except broker.BrokerError as exc:
+        pytest.fail(f"cannot fetch Kafka's jars (Maven Central): {exc}", pytrace=False)
+    home = tmp_path_factory.mktemp("kafka-secure")
+    password = secrets.token_urlsafe(24)
+    os.environ[PASSWORD_ENV] = password
+    os.environ[WRONG_PASSWORD_ENV] = secrets.token_urlsafe(24)
+    try:
+        try:
+            info = broker.start_secure(home, users={USER: password})
+        except broker.BrokerError as exc:
+            pytest.fail(f"cannot start the TLS/SCRAM broker: {exc}", pytrace=False)
+        try:
+            yield SecureBroker(info, info.extra["ca_file"])
+        finally:
+            broker.stop(home)
+    finally:
+        os.environ.pop(PASSWORD_ENV, None)
+        os.environ.pop(WRONG_PASSWORD_ENV, None)

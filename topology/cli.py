@@ -11,10 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-
-class _Refused(Exception):
-    """A command that cannot run as asked (a bad topology file, a missing secret, Ray out
-    of reach): `main` prints `error: <message>` on stderr and exits with status 2."""
+from topology.commands import Refused as _Refused
 
 
 def _load_topology(path: str) -> Any:
@@ -78,7 +75,6 @@ def _cmd_ask(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
-    import os
     import time
     from pathlib import Path
 
@@ -88,22 +84,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from topology.controller import start_controller, stop_controller
 
     topo = _load_topology(args.topology)
-    # The controller runs in its own process: hand it the secrets the Kafka section names
-    # (only those), checked here so that a missing one fails now, not in the actor.
-    names = [n for n in (topo.kafka.sasl_password_env, topo.kafka.ssl_password_env) if n]
-    missing = [n for n in names if n not in os.environ]
-    if missing:
-        raise _Refused(f"environment variable(s) not set: {', '.join(missing)}")
-    environ = {n: os.environ[n] for n in names}
     address = args.address or topo.ray.address
     _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
     raw = yaml.safe_load(Path(args.topology).read_text())
-    ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace, environ or None)
+    # The passwords the Kafka section names are read on the Ray nodes, never sent from here.
+    ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace)
     try:
         ray.get(ctl.ping.remote(), timeout=120)
     except Exception as exc:
         print(f"error: the controller did not start: {exc}", file=sys.stderr)
         return 1
+    refused = _kafka_refused(ctl)
+    if refused:
+        stop_controller(ctl, drain=False, timeout_s=60)
+        raise _Refused(f"the controller cannot use kafka: {refused}")
     print(f"controller {topo.ray.deployment} running in namespace {topo.ray.namespace}")
     if args.detach:
         return 0
@@ -120,6 +114,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("stopping: draining workers ...", file=sys.stderr)
         stop_controller(ctl, drain=True, timeout_s=300)
         return 0
+
+
+def _kafka_refused(ctl: Any, timeout_s: float = 60.0) -> str | None:
+    """Once the controller has tried the topology's Kafka settings from its node: why they
+    were refused (a wrong password, a variable not set there), or None."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = ray.get(ctl.status.remote(), timeout=60)
+        if st.get("kafka_checked"):
+            error: str | None = st["errors"].get("kafka")
+            return error
+        time.sleep(0.2)
+    return None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -1,4 +1,11 @@
-"""The Kafka-facing subcommands of `dgstream`: produce, tail, dlq (inspect and replay)."""
+"""The Kafka-facing subcommands of `dgstream`: produce, tail, dlq (inspect and replay).
+
+Each connects with one `KafkaConnection` (`kafka_connection`): a topology file's `kafka`
+section (`--topology`), else the `DGSTREAM_KAFKA_*` variables; `--bootstrap` replaces
+only the servers, the TLS and SASL settings stay. The connection is checked first
+(`workers.kafka_probe`), so a wrong password or an untrusted certificate is one clear
+line, not a long wait and a traceback.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +20,72 @@ from typing import Any, TextIO
 from schemas import RequestError, parse_request
 
 
-def _connection(args: argparse.Namespace) -> Any:
+class Refused(Exception):
+    """A command that cannot run as asked (a bad topology file, a missing secret, Kafka or
+    Ray out of reach): `main` prints `error: <message>` on stderr and exits with status 2."""
+
+
+_ENV_PREFIX = "DGSTREAM_KAFKA_"
+
+
+def kafka_connection(args: argparse.Namespace, *, check: bool = True) -> Any:
+    """The command's Kafka settings (see the module docstring), checked unless told not."""
+    import os
+
+    from pydantic import ValidationError
+
+    from topology.spec import SpecError, load_topology
+    from workers.kafka_probe import KafkaConnectError, check_connection
     from workers.kafka_settings import KafkaConnection
 
-    if args.bootstrap:
-        return KafkaConnection(bootstrap_servers=args.bootstrap)
-    return KafkaConnection.from_env()
+    try:
+        if args.topology:
+            base = load_topology(args.topology).kafka.public()
+            if args.bootstrap:
+                base["bootstrap_servers"] = args.bootstrap
+            conn = KafkaConnection.model_validate(base)
+        else:
+            environ = dict(os.environ)
+            if args.bootstrap:
+                environ[f"{_ENV_PREFIX}BOOTSTRAP_SERVERS"] = args.bootstrap
+            conn = KafkaConnection.from_env(_ENV_PREFIX, environ)
+    except SpecError as exc:
+        raise Refused(str(exc)) from None
+    except ValidationError as exc:
+        raise Refused(_settings_error(exc, args)) from None
+    if check:
+        try:
+            check_connection(conn)
+        except KafkaConnectError as exc:
+            raise Refused(str(exc)) from None
+    return conn
+
+
+def _settings_error(exc: Any, args: argparse.Namespace) -> str:
+    where = "--bootstrap" if args.bootstrap else f"{_ENV_PREFIX}* variables"
+    if args.topology:
+        where = f"{args.topology} with --bootstrap"
+    if any(e["loc"] == ("bootstrap_servers",) and e["type"] == "missing" for e in exc.errors()):
+        return (
+            "no Kafka to connect to: pass --bootstrap HOST:PORT or --topology FILE, "
+            f"or set {_ENV_PREFIX}BOOTSTRAP_SERVERS (and {_ENV_PREFIX}SECURITY_PROTOCOL, ...)"
+        )
+    fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return f"Kafka settings from {where}: {fields}"
 
 
 def add_kafka_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--topology",
+        "-t",
+        default=None,
+        help="connect with this topology file's kafka section (TLS, SASL, passwords by name)",
+    )
+    p.add_argument(
         "--bootstrap",
         default=None,
-        help="bootstrap servers (default: DGSTREAM_KAFKA_BOOTSTRAP_SERVERS and friends)",
+        help="bootstrap servers; replaces only the servers of --topology or of "
+        f"{_ENV_PREFIX}BOOTSTRAP_SERVERS (the TLS/SASL settings stay)",
     )
 
 
@@ -47,7 +107,7 @@ def produce(args: argparse.Namespace) -> int:
     """JSONL in, one request a line; each is validated before sending (unless told not to)."""
     from kafka import KafkaProducer
 
-    conn = _connection(args)
+    conn = kafka_connection(args)
     producer = KafkaProducer(acks="all", enable_idempotence=True, **conn.client_kwargs())
     sent = refused = 0
     t0 = time.monotonic()
@@ -77,10 +137,9 @@ def produce(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- tail / dlq
 
 
-def _consumer(args: argparse.Namespace, topic: str) -> Any:
+def _consumer(args: argparse.Namespace, conn: Any, topic: str) -> Any:
     from kafka import KafkaConsumer
 
-    conn = _connection(args)
     return KafkaConsumer(
         topic,
         enable_auto_commit=False,
@@ -104,7 +163,7 @@ def _answer_text(answer: dict[str, Any]) -> str:
 
 def tail(args: argparse.Namespace) -> int:
     """Follow a results topic, one readable line per result (or the JSON with --json)."""
-    consumer = _consumer(args, args.topic)
+    consumer = _consumer(args, kafka_connection(args), args.topic)
     seen = 0
     try:
         for rec in consumer:
@@ -135,12 +194,11 @@ def dlq(args: argparse.Namespace) -> int:
 
     from schemas import DeadLetter
 
-    consumer = _consumer(args, args.topic)
+    conn = kafka_connection(args)
+    consumer = _consumer(args, conn, args.topic)
     producer = None
     if args.replay_to:
-        producer = KafkaProducer(
-            acks="all", enable_idempotence=True, **_connection(args).client_kwargs()
-        )
+        producer = KafkaProducer(acks="all", enable_idempotence=True, **conn.client_kwargs())
     seen = replayed = 0
     try:
         for rec in consumer:

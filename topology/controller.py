@@ -65,6 +65,10 @@ _DRAIN_MARGIN_S = 15.0
 # After ray.kill, the actor's name is released once the GCS sees it dead (milliseconds
 # to a second here); a new replica waits for the name at most this long.
 _NAME_RELEASE_S = 10.0
+# While the Kafka settings are refused (a wrong password, say), how often they are tried
+# again: a fixed credential on the broker's side is picked up within half a minute, and
+# the broker sees two login attempts a minute at most.
+_KAFKA_RECHECK_S = 30.0
 
 
 def controller_name(deployment: str) -> str:
@@ -88,6 +92,15 @@ class _Replica:
     # A status call not answered yet (a starting or busy actor): asked again only once
     # it has answered, so calls never pile up behind a constructor.
     pending: Any = None
+
+
+def _worker_state(status: dict[str, Any]) -> tuple[str, bool]:
+    """(state, ready) from a replica's status; an error it reports (its Kafka login refused
+    on its node, say) is shown with the state, and such a replica is not ready."""
+    state = str(status.get("state", "?"))
+    if status.get("error"):
+        return f"{state}: {status['error']}", False
+    return state, state == "running"
 
 
 @dataclass
@@ -323,8 +336,7 @@ class PipelineRunner:
             except Exception as exc:
                 r.ready, r.state = False, f"status failed: {type(exc).__name__}"
                 continue
-            r.state = str(st.get("state", "?"))
-            r.ready = r.state == "running"
+            r.state, r.ready = _worker_state(st)
             if r.state in ("stopped", "failed") and not r.draining:
                 dead.add(r.index)  # alive but done consuming (stopped from outside)
             done_now = int(st.get("answered", 0)) + int(st.get("dead_lettered", 0))
@@ -572,15 +584,17 @@ class PipelineRunner:
 
 
 class _ControllerImpl:
-    """The detached actor: one `PipelineRunner` per pipeline, ticking on one thread."""
+    """The detached actor: one `PipelineRunner` per pipeline, ticking on one thread.
 
-    def __init__(
-        self, topology: dict[str, Any], namespace: str, environ: dict[str, str] | None = None
-    ) -> None:
+    Its arguments hold no secret: the topology's Kafka section names the variables, read
+    from this node's environment (and each worker's, on its own node)."""
+
+    def __init__(self, topology: dict[str, Any], namespace: str) -> None:
         topo = parse_topology(topology)
         self._topology = topo
-        conn = topo.kafka.connection(environ)
-        self._runners = [PipelineRunner(topo, p, conn, namespace) for p in topo.pipelines]
+        self._runners = [PipelineRunner(topo, p, topo.kafka, namespace) for p in topo.pipelines]
+        # None: not checked yet; False: refused (errors["kafka"] says why); True: usable.
+        self._kafka_ok: bool | None = None
         self._stop = threading.Event()
         self._started = time.time()
         self._last_tick: dict[str, float] = {}
@@ -591,9 +605,33 @@ class _ControllerImpl:
         self._thread = threading.Thread(target=self._loop, name="controller", daemon=True)
         self._thread.start()
 
+    def _kafka_usable(self) -> bool:
+        """Whether the topology's Kafka settings work from this node: checked before the
+        first tick, and again every `_KAFKA_RECHECK_S` while a retry cannot have helped
+        (a wrong password, an untrusted certificate, a missing variable). No replica is
+        started meanwhile. Unreachable is not refused: the broker may be starting, and
+        the ticks say the lag is unknown."""
+        from workers.kafka_probe import KafkaConnectError, check_connection
+
+        if self._kafka_ok:
+            return True
+        try:
+            check_connection(self._topology.kafka, timeout_s=_LAG_TIMEOUT_S)
+        except KafkaConnectError as exc:
+            if exc.fatal:
+                self._errors["kafka"] = str(exc)
+                self._kafka_ok = False
+                return False
+        self._errors.pop("kafka", None)
+        self._kafka_ok = True
+        return True
+
     def _loop(self) -> None:
         due = {r.spec.name: 0.0 for r in self._runners}
         while not self._stop.is_set():
+            if not self._kafka_usable():
+                self._stop.wait(_KAFKA_RECHECK_S)
+                continue
             for runner in self._runners:
                 name = runner.spec.name
                 now = time.monotonic()
@@ -624,6 +662,9 @@ class _ControllerImpl:
     def status(self) -> dict[str, Any]:
         return {
             "uptime_s": round(time.time() - self._started, 1),
+            # The settings as named (never a password), and whether they were checked.
+            "kafka": self._topology.kafka.public(),
+            "kafka_checked": self._kafka_ok is not None,
             "resource_request": list(self._requested or []),
             "errors": dict(self._errors),
             "pipelines": {
@@ -664,15 +705,12 @@ ControllerActor: Any = _remote(num_cpus=0, max_restarts=-1, max_concurrency=4)(_
 
 
 def start_controller(
-    topology: dict[str, Any],
-    deployment: str,
-    namespace: str = DEFAULT_NAMESPACE,
-    environ: dict[str, str] | None = None,
+    topology: dict[str, Any], deployment: str, namespace: str = DEFAULT_NAMESPACE
 ) -> Any:
     """The deployment's controller (created, or the running one). Ray must be initialized.
 
-    `environ`: the environment variables the topology's Kafka section names (secrets);
-    the controller runs in its own process, which does not share the caller's."""
+    The passwords the topology's Kafka section names are read from the environment of
+    the node the controller runs on (and of each worker's node), never sent from here."""
     name = controller_name(deployment)
     try:
         return ray.get_actor(name, namespace=namespace)
@@ -680,7 +718,7 @@ def start_controller(
         pass
     return ControllerActor.options(
         name=name, namespace=namespace, lifetime="detached", get_if_exists=True
-    ).remote(topology, namespace, environ)
+    ).remote(topology, namespace)
 
 
 def get_controller(deployment: str, namespace: str = DEFAULT_NAMESPACE) -> Any:

@@ -81,7 +81,10 @@ LOCAL_WORKER_NICENESS = ("RAY_worker_niceness", "0")
 _QUIET_REPORT_S = 30.0
 
 
-def run_demo(events: int | None, model: str = DEMO_MODEL, timeout_s: float = 600.0) -> int:
+def run_demo(
+    events: int | None, ray_tmp: str, model: str = DEMO_MODEL, timeout_s: float = 600.0
+) -> int:
+    """The demo; `ray_tmp` is the local Ray's own temp dir (topology.local_ray)."""
     import ray
     from kafka import KafkaConsumer, KafkaProducer
 
@@ -92,7 +95,6 @@ def run_demo(events: int | None, model: str = DEMO_MODEL, timeout_s: float = 600
 
     t0 = time.perf_counter()
     home = tempfile.mkdtemp(prefix="dgstream-demo-")
-    ray_tmp = tempfile.mkdtemp(prefix="dgdemo-", dir="/tmp")  # short: holds socket paths
     ctl = None
     answered: dict[str, ClassificationResult] = {}
     dead: list[DeadLetter] = []
@@ -191,7 +193,6 @@ def run_demo(events: int | None, model: str = DEMO_MODEL, timeout_s: float = 600
             ray.shutdown()
         broker.stop(home=home)
         shutil.rmtree(home, ignore_errors=True)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
         print(f"6. stopped everything ({time.perf_counter() - t0:.1f}s in all)", flush=True)
 
 
@@ -254,7 +255,10 @@ def main(events: int | None, timeout_s: float = 600.0) -> int:
     os.environ.setdefault(LOCAL_WORKER_NICENESS[0], LOCAL_WORKER_NICENESS[1])
     # A SIGTERM (a supervisor, a test's timeout) stops everything as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
-    return run_demo(events, timeout_s=timeout_s)
+    from topology.local_ray import private_ray_tmp
+
+    with private_ray_tmp("dgdemo-") as ray_tmp:
+        return run_demo(events, str(ray_tmp), timeout_s=timeout_s)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ A deployment is described by one YAML file (`dgstream run TOPOLOGY`). Examples:
 `topology/examples/two-pipelines.yaml` (two CPU pipelines on a local broker).
 Errors name the path of the bad field, e.g. `pipelines[0].replicas: min (3) must not
 exceed max (2)`. Secrets never go in the file: name an environment variable instead
-(`sasl_password_env`, `ssl_password_env`).
+(`sasl_password_env`, `ssl_password_env`), set on every Ray node (docs/operations.md).
 
 This page is generated from the models (`python -m topology.docs`); a test fails when it is
 out of date.
@@ -39,7 +40,7 @@ def _type(annotation: Any) -> str:
     text = str(annotation)
     if "discriminator='type'" in text:
         text = re.sub(r"Annotated\[[^\]]*?discriminator='type'\)\]", "Question", text)
-    text = re.sub(r"\b[a-z_]+\.([A-Za-z_]+)", r"\1", text)
+    text = re.sub(r"\b(?:[a-z_]+\.)+([A-Za-z_]+)", r"\1", text)
     return text.replace("NoneType", "None").replace("|", "\\|")
 
 
@@ -51,11 +52,19 @@ def _default(info: FieldInfo) -> str:
         if isinstance(value, BaseModel):
             return "(see below)"
         return f"`{value!r}`"
-    return f"`{info.default!r}`"
+    default = info.default.value if isinstance(info.default, Enum) else info.default
+    return f"`{default!r}`"
 
 
 def _doc_of(model: type[BaseModel], name: str) -> str:
-    """The comment above the field in the source, when there is one."""
+    """The comment above the field in the source (of the class that declares it)."""
+    for cls in model.__mro__:
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and name in cls.__annotations__:
+            return _comment(cls, name)
+    return ""
+
+
+def _comment(model: type, name: str) -> str:
     import inspect
 
     try:

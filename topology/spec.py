@@ -1,8 +1,8 @@
 """The topology file: a YAML document validated by pydantic.
 
 Every error names the path of the bad field (`pipelines[0].replicas.max`). Secrets never
-live in the file: the Kafka section names environment variables (`sasl_password_env`,
-`ssl_password_env`) and `kafka_connection()` reads them when the deployment starts.
+live in the file: the Kafka section (a `KafkaConnection`) names environment variables
+(`sasl_password_env`, `ssl_password_env`), read by each process that connects, on its node.
 """
 
 from __future__ import annotations
@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from schemas import Question
 from workers.engine.factory import EngineSettings
@@ -28,31 +36,22 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class KafkaSpec(_Frozen):
-    bootstrap_servers: list[str] = Field(min_length=1)
-    security_protocol: str = "PLAINTEXT"
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    ssl_password_env: str | None = None
-    ssl_check_hostname: bool = True
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password_env: str | None = None
-    client_id: str = "dgstream"
+class KafkaSpec(KafkaConnection):
+    """The Kafka cluster: a `KafkaConnection`, the same settings object the worker, the
+    controller, the client and the `dgstream` commands use. A password is never written
+    here: `sasl_password_env` / `ssl_password_env` name the environment variable that
+    holds it on every Ray node (the controller and each worker read it there), and a
+    literal `sasl_password` / `ssl_password` is refused."""
 
-    def connection(self, environ: Mapping[str, str] | None = None) -> KafkaConnection:
-        env = os.environ if environ is None else environ
-        data = self.model_dump(exclude={"ssl_password_env", "sasl_password_env"})
-        for field, var in (
-            ("ssl_password", self.ssl_password_env),
-            ("sasl_password", self.sasl_password_env),
-        ):
-            if var is not None:
-                if var not in env:
-                    raise SpecError(f"kafka.{field}_env: environment variable {var} is not set")
-                data[field] = env[var]
-        return KafkaConnection(**data)
+    @field_validator("sasl_password", "ssl_password", mode="before")
+    @classmethod
+    def _no_secret_in_the_file(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None:
+            raise ValueError(
+                f"a topology never holds a password: name the environment variable that "
+                f"holds it ({info.field_name}_env)"
+            )
+        return v
 
 
 class TopicSpec(_Frozen):

@@ -9,7 +9,11 @@ the actor adds:
   that Ray restarts resumes consuming by itself; its uncommitted work is consumed again. A
   fatal error (`WorkerFailed`: fatal engine error, an output that cannot be produced, being
   fenced) ends the process with `os._exit`, which Ray treats as a crash and restarts;
-* `max_concurrency`: `status()` and `ping()` answer while `drain()` blocks.
+* `max_concurrency`: `status()` and `ping()` answer while `drain()` blocks;
+* a Kafka check first (`workers.kafka_probe`): settings that cannot work from this node (a
+  password variable not set here, a refused login, an untrusted certificate) leave the
+  worker unstarted with the reason in `status()["error"]` and its log, instead of a
+  restart every 30 s that ends in a bare "Unable to bootstrap".
 
 Use (the topology controller):
 
@@ -54,6 +58,7 @@ class _WorkerActorImpl:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._created = time.time()
+        self._error: str | None = None
         self._log.info("actor_created", actor_id=self._actor_id, restarted=self._restarted)
         if autostart:
             self.start()
@@ -70,6 +75,15 @@ class _WorkerActorImpl:
         return self.status()
 
     def _run(self) -> None:
+        from workers.kafka_probe import KafkaConnectError, check_connection
+
+        try:
+            check_connection(self._settings.kafka)
+        except KafkaConnectError as exc:
+            if exc.fatal:  # the same settings would fail the same way after a restart
+                self._error = f"kafka: {exc}"
+                self._log.error("kafka_refused", reason=exc.reason, error=str(exc))
+                return
         try:
             self._worker.run()
         except BaseException as exc:
@@ -95,6 +109,7 @@ class _WorkerActorImpl:
     def _annotate(self, status: dict[str, Any]) -> dict[str, Any]:
         return {
             **status,
+            **({"error": self._error} if self._error else {}),
             "actor_id": self._actor_id,
             "restarted": self._restarted,
             "pid": os.getpid(),

@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ __all__ = [
     "restart_node",
     "start",
     "start_cluster",
+    "start_secure",
     "status",
     "stop",
 ]
@@ -116,6 +118,8 @@ class NodeInfo:
     data_dir: str
     log_file: str
     properties: str
+    # Listeners beside PLAINTEXT and CONTROLLER (`start_secure`): name -> port.
+    listeners: dict[str, int] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
@@ -148,6 +152,10 @@ class BrokerInfo:
     @property
     def pid(self) -> int:
         return self.nodes[0].pid
+
+    def listener_bootstrap(self, name: str) -> str:
+        """The bootstrap servers of one of the extra listeners (`SASL_SSL`, `SSL`)."""
+        return ",".join(f"{LOOPBACK}:{n.listeners[name]}" for n in self.nodes)
 
     def node(self, node_id: int) -> NodeInfo:
         for n in self.nodes:
@@ -457,18 +465,20 @@ def _properties(
 ) -> str:
     n = len(voters)
     min_isr = max(1, min(2, replication - 1)) if replication > 1 else 1
+    ports = {"PLAINTEXT": node.client_port, "CONTROLLER": node.controller_port, **node.listeners}
+    listeners = ",".join(f"{name}://{LOOPBACK}:{port}" for name, port in ports.items())
+    protocols = {"PLAINTEXT": "PLAINTEXT", "CONTROLLER": "PLAINTEXT"} | {
+        name: name
+        for name in node.listeners  # extra listeners are named after their protocol
+    }
     conf: dict[str, str] = {
         "process.roles": "broker,controller",
         "node.id": str(node.node_id),
-        "listeners": (
-            f"PLAINTEXT://{LOOPBACK}:{node.client_port},CONTROLLER://{LOOPBACK}:{node.controller_port}"
-        ),
-        "advertised.listeners": (
-            f"PLAINTEXT://{LOOPBACK}:{node.client_port},CONTROLLER://{LOOPBACK}:{node.controller_port}"
-        ),
+        "listeners": listeners,
+        "advertised.listeners": listeners,
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
         "log.dirs": node.data_dir,
         "num.partitions": "1",
         "default.replication.factor": str(replication),
@@ -501,7 +511,13 @@ def _properties(
 
 
 def _format(
-    java: str, lib: Path, home: Path, nodes: list[NodeInfo], cluster_id: str, standalone: bool
+    java: str,
+    lib: Path,
+    home: Path,
+    nodes: list[NodeInfo],
+    cluster_id: str,
+    standalone: bool,
+    extra_args: Sequence[str] = (),
 ) -> None:
     procs: list[tuple[NodeInfo, subprocess.Popen[str]]] = []
     for node in nodes:
@@ -517,6 +533,7 @@ def _format(
         ]
         if standalone:
             cmd.append("--standalone")
+        cmd += extra_args
         procs.append(
             (
                 node,
@@ -720,6 +737,86 @@ def start_cluster(
     )
 
 
+# The SCRAM mechanism of the secure test broker: the strongest Kafka offers.
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+# What StorageTool's `--add-scram 'SCRAM-SHA-512=[name=...,password=...]'` parses safely
+# (no quoting is needed for these characters; secrets.token_urlsafe() stays within them).
+_SCRAM_SAFE = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
+
+
+def start_secure(
+    home: str | os.PathLike[str] | None = None,
+    *,
+    users: Mapping[str, str],
+    lib_dir: str | os.PathLike[str] | None = None,
+    timeout_s: float = 120.0,
+) -> BrokerInfo:
+    """One node, as `start(port=0)`, with two more listeners on 127.0.0.1 for clients:
+    `SASL_SSL` (TLS, then SCRAM-SHA-512 for `users`, name -> password, stored at format
+    time) and `SSL` (TLS only). Certificates come from keytool (`infra.kafka.tls`) in
+    `<home>/tls`; `info.extra` holds `ca_file` and both listeners' bootstrap servers
+    (`info.listener_bootstrap("SASL_SSL")`). The PLAINTEXT listener stays for the
+    broker's own use (replication, the readiness probe, `status`). No password is kept in
+    the state file."""
+    from infra.kafka.tls import TlsError, make_certificates
+
+    for name, password in users.items():
+        if not _SCRAM_SAFE.match(name) or not _SCRAM_SAFE.match(password):
+            raise ValueError(f"SCRAM user {name!r}: names and passwords must be [A-Za-z0-9._~-]+")
+    h = _home(home)
+    try:
+        tls = make_certificates(h / "tls")
+    except TlsError as exc:
+        raise BrokerError(str(exc)) from exc
+    pw = tls.store_password
+    overrides = {
+        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(tls.keystore),
+        "ssl.keystore.password": pw,
+        "ssl.key.password": pw,
+        "ssl.truststore.type": "PKCS12",
+        "ssl.truststore.location": str(tls.truststore),
+        "ssl.truststore.password": pw,
+        "ssl.client.auth": "none",
+    }
+    scram = [
+        arg
+        for name, password in users.items()
+        for arg in ("--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]")
+    ]
+    try:
+        info = _start(
+            h,
+            n=1,
+            ports=None,
+            controller_ports=None,
+            lib_dir=lib_dir,
+            timeout_s=timeout_s,
+            overrides=overrides,
+            standalone=True,
+            replication=1,
+            prefer_default_port=False,
+            extra_listeners=("SASL_SSL", "SSL"),
+            format_args=scram,
+        )
+    except BrokerError as exc:  # a storage tool error may quote its arguments
+        text = str(exc)
+        for password in users.values():
+            text = text.replace(password, "**********")
+        raise BrokerError(text) from None
+    info.extra.update(
+        ca_file=str(tls.ca_pem),
+        sasl_ssl_bootstrap=info.listener_bootstrap("SASL_SSL"),
+        ssl_bootstrap=info.listener_bootstrap("SSL"),
+    )
+    _write_state(info)
+    return info
+
+
 def _start(
     home_arg: str | os.PathLike[str] | None,
     *,
@@ -732,6 +829,8 @@ def _start(
     standalone: bool,
     replication: int,
     prefer_default_port: bool,
+    extra_listeners: Sequence[str] = (),
+    format_args: Sequence[str] = (),
 ) -> BrokerInfo:
     t0 = time.monotonic()
     home = _home(home_arg)
@@ -766,9 +865,20 @@ def _start(
         last_error: BrokerError | None = None
         for _attempt in range(1 if explicit else 3):
             nodes = _plan_nodes(home, n, ports, controller_ports, prefer_default_port)
+            for node, extra in zip(nodes, _extra_ports(nodes, extra_listeners), strict=True):
+                node.listeners = extra
             try:
                 info = _boot(
-                    home, lib, java, nodes, standalone, replication, overrides, t0, timeout_s
+                    home,
+                    lib,
+                    java,
+                    nodes,
+                    standalone,
+                    replication,
+                    overrides,
+                    t0,
+                    timeout_s,
+                    format_args,
                 )
             except BrokerError as exc:
                 last_error = exc
@@ -815,6 +925,17 @@ def _plan_nodes(
     return nodes
 
 
+def _extra_ports(nodes: list[NodeInfo], names: Sequence[str]) -> list[dict[str, int]]:
+    """Free ports for each node's extra listeners, distinct from the planned ones."""
+    taken = {p for n in nodes for p in (n.client_port, n.controller_port)}
+    out: list[dict[str, int]] = []
+    for _ in nodes:
+        picked = _pick_ports(len(names), taken)
+        taken.update(picked)
+        out.append(dict(zip(names, picked, strict=True)))
+    return out
+
+
 def _boot(
     home: Path,
     lib: Path,
@@ -825,6 +946,7 @@ def _boot(
     overrides: dict[str, str] | None,
     t0: float,
     timeout_s: float,
+    format_args: Sequence[str] = (),
 ) -> BrokerInfo:
     for old in home.glob("node-*"):
         shutil.rmtree(old, ignore_errors=True)
@@ -841,7 +963,7 @@ def _boot(
             ),
         )
     cluster_id = _new_cluster_id()
-    _format(java, lib, home, nodes, cluster_id, standalone)
+    _format(java, lib, home, nodes, cluster_id, standalone, format_args)
     launched_at = time.monotonic()
     started_at = time.time()
     try:

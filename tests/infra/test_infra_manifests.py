@@ -150,9 +150,8 @@ def expected_topics(topo: Topology, monkeypatch: pytest.MonkeyPatch) -> dict[str
         return {}
 
     monkeypatch.setattr(workers.kafka_admin, "ensure_topics", record)
-    secrets = {v: "x" for v in (topo.kafka.sasl_password_env, topo.kafka.ssl_password_env) if v}
     for spec in topo.pipelines:
-        runner = PipelineRunner(topo, spec, topo.kafka.connection(secrets), "infra-test")
+        runner = PipelineRunner(topo, spec, topo.kafka, "infra-test")
         runner._admin = object()  # never connects: the recorder ignores it
         runner._adopted = True  # no Ray actors to look for
         runner._setup()
@@ -274,9 +273,9 @@ def test_infra_controller_job_runs_the_topology_against_the_cluster() -> None:
 
 def test_infra_secrets_reach_every_process_that_needs_them() -> None:
     """Token auth on the Job, every Ray container and the autoscaler, from one Secret. The
-    topology's Kafka secrets (`*_env`) in the Job: `dgstream run` reads them there and hands
-    them to the controller actor. The CA file (a path) on every Ray container, where the
-    actors open it."""
+    topology's Kafka secrets (`*_env`) on every Ray container, where the controller and the
+    workers read them (never sent as actor arguments), and not in the Job, which does not
+    need them. The CA file (a path) on every Ray container, where the actors open it."""
     topo = k8s_topology()
     kafka = topo.kafka
     kafka_envs = [v for v in (kafka.sasl_password_env, kafka.ssl_password_env) if v]
@@ -293,7 +292,9 @@ def test_infra_secrets_reach_every_process_that_needs_them() -> None:
         token_refs.add(ref)
     assert len(token_refs) == 1, f"one token for the whole cluster, got {token_refs}"
     for var in kafka_envs:
-        assert secret_ref(env_of(job_c).get(var)), f"job: {var} must come from a Secret"
+        assert var not in env_of(job_c), f"job: {var} is not needed there"
+        for where, c, _ in ray_containers():
+            assert secret_ref(env_of(c).get(var)), f"{where}: {var} must come from a Secret"
     for where, c, pod in ray_containers():
         if kafka.ssl_cafile:
             vol = mounted_volume(pod, c, kafka.ssl_cafile)

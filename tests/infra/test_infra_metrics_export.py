@@ -9,15 +9,15 @@ and list the node's exporter."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from infra_helpers import ROOT, exported_metrics, load_docs
+
+from topology.local_ray import private_ray_tmp
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -89,10 +89,9 @@ def test_infra_ray_exports_the_series_the_dashboard_reads(
     expected = set().union(*(m.series() for m in exported_metrics(monkeypatch).values()))
     monkeypatch.undo()  # the stand-ins must not leak into anything else
     metrics_port, dashboard_port = _free_port(), _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="dginfra-", dir="/tmp")  # short: it holds sockets
-    try:
+    with private_ray_tmp("dginfra-") as temp_dir:  # RAY_TMPDIR for the child, too
         run = subprocess.run(
-            [sys.executable, "-c", _SCRIPT, temp_dir, str(metrics_port), str(dashboard_port)],
+            [sys.executable, "-c", _SCRIPT, str(temp_dir), str(metrics_port), str(dashboard_port)],
             input=json.dumps(sorted(expected)),
             capture_output=True,
             text=True,
@@ -100,8 +99,6 @@ def test_infra_ray_exports_the_series_the_dashboard_reads(
             timeout=220,
             check=False,
         )
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
     assert run.returncode == 0, run.stderr[-4000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     missing = expected - set(out["names"])

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import urllib.request
 from typing import Any
@@ -29,72 +27,72 @@ def main() -> int:
     import ray
     from kafka import KafkaProducer
 
+    from topology.local_ray import private_ray_tmp
     from workers.actor import create_worker
     from workers.engine.factory import EngineSettings
     from workers.kafka_settings import KafkaConnection
     from workers.settings import WorkerSettings
 
-    temp_dir = tempfile.mkdtemp(prefix="dgdash-", dir="/tmp")  # short: it holds sockets
-    ctx = ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        _metrics_export_port=int(metrics_port),
-        _temp_dir=temp_dir,
-        log_to_driver=False,
-    )
-    report: dict[str, Any] = {"dashboard": ctx.dashboard_url}
-    try:
-        settings = WorkerSettings(
-            pipeline="probe",
-            input_topics=[inp],
-            output_topic=out,
-            dead_letter_topic=dead,
-            group_id=group,
-            kafka=KafkaConnection(bootstrap_servers=[bootstrap]),
-            engine=EngineSettings(backend="fake"),
-            consumer={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+    with private_ray_tmp("dgdash-") as temp_dir:
+        ctx = ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            _metrics_export_port=int(metrics_port),
+            _temp_dir=str(temp_dir),
+            log_to_driver=False,
         )
-        handle = create_worker(settings)
-        producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-        q = {"t": {"type": "noul", "instructions": "Is it fine?"}}
-        for i in range(20):
-            body = {"id": f"p{i}", "state": "hello", "questions": q}
-            producer.send(inp, key=f"p{i}".encode(), value=json.dumps(body).encode())
-        producer.flush()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if ray.get(handle.status.remote())["answered"] >= 20:
-                break
-            time.sleep(0.5)
-        base = f"http://{ctx.dashboard_url}"
-        actors = json.loads(_get(f"{base}/api/v0/actors?detail=true&limit=100", token))
-        report["actors"] = [
-            {"name": a.get("name"), "class": a.get("class_name"), "state": a.get("state")}
-            for a in actors["data"]["result"]["result"]
-        ]
-        # Ray exports application metrics every few seconds: wait for ours to appear.
-        text = ""
-        while time.monotonic() < deadline:
-            text = _get(f"http://127.0.0.1:{metrics_port}/metrics", token)
-            if "dgstream_answered" in text:
-                break
-            time.sleep(1)
-        report["metrics"] = sorted(
-            {
-                line.split("{")[0].split(" ")[0]
-                for line in text.splitlines()
-                if "dgstream" in line and not line.startswith("#")
-            }
-        )
-        report["answered_line"] = next(
-            (ln for ln in text.splitlines() if ln.startswith("ray_dgstream_answered")), ""
-        )
-        ray.kill(handle, no_restart=True)
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        report: dict[str, Any] = {"dashboard": ctx.dashboard_url}
+        try:
+            settings = WorkerSettings(
+                pipeline="probe",
+                input_topics=[inp],
+                output_topic=out,
+                dead_letter_topic=dead,
+                group_id=group,
+                kafka=KafkaConnection(bootstrap_servers=[bootstrap]),
+                engine=EngineSettings(backend="fake"),
+                consumer={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+            )
+            handle = create_worker(settings)
+            producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+            q = {"t": {"type": "noul", "instructions": "Is it fine?"}}
+            for i in range(20):
+                body = {"id": f"p{i}", "state": "hello", "questions": q}
+                producer.send(inp, key=f"p{i}".encode(), value=json.dumps(body).encode())
+            producer.flush()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if ray.get(handle.status.remote())["answered"] >= 20:
+                    break
+                time.sleep(0.5)
+            base = f"http://{ctx.dashboard_url}"
+            actors = json.loads(_get(f"{base}/api/v0/actors?detail=true&limit=100", token))
+            report["actors"] = [
+                {"name": a.get("name"), "class": a.get("class_name"), "state": a.get("state")}
+                for a in actors["data"]["result"]["result"]
+            ]
+            # Ray exports application metrics every few seconds: wait for ours to appear.
+            text = ""
+            while time.monotonic() < deadline:
+                text = _get(f"http://127.0.0.1:{metrics_port}/metrics", token)
+                if "dgstream_answered" in text:
+                    break
+                time.sleep(1)
+            report["metrics"] = sorted(
+                {
+                    line.split("{")[0].split(" ")[0]
+                    for line in text.splitlines()
+                    if "dgstream" in line and not line.startswith("#")
+                }
+            )
+            report["answered_line"] = next(
+                (ln for ln in text.splitlines() if ln.startswith("ray_dgstream_answered")), ""
+            )
+            ray.kill(handle, no_restart=True)
+        finally:
+            ray.shutdown()
     print("REPORT " + json.dumps(report))
     return 0
 

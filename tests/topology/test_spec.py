@@ -63,15 +63,31 @@ def test_errors_name_the_field(edit: Any, path: str) -> None:
     assert path in str(info.value)
 
 
-def test_secrets_come_from_the_environment() -> None:
+def test_secrets_are_named_never_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kafka section IS the connection settings, with the password by name: read from
+    the environment where a client is built, never held by the topology."""
+    from workers.kafka_settings import KafkaConnection, MissingSecret
+
     topo = load_topology(EXAMPLES / "moderation.yaml")
-    with pytest.raises(SpecError, match="DGSTREAM_KAFKA_PASSWORD"):
-        topo.kafka.connection(environ={})
-    conn = topo.kafka.connection(environ={"DGSTREAM_KAFKA_PASSWORD": "s3cret-value"})
-    assert conn.sasl_password is not None
-    assert conn.sasl_password.get_secret_value() == "s3cret-value"
-    assert "s3cret-value" not in repr(conn) and "s3cret-value" not in repr(topo)
+    assert isinstance(topo.kafka, KafkaConnection)
+    assert topo.kafka.sasl_password_env == "DGSTREAM_KAFKA_PASSWORD"
+    monkeypatch.delenv("DGSTREAM_KAFKA_PASSWORD", raising=False)
+    with pytest.raises(MissingSecret, match="DGSTREAM_KAFKA_PASSWORD"):
+        topo.kafka.client_kwargs()
+    monkeypatch.setenv("DGSTREAM_KAFKA_PASSWORD", "s3cret-value")
+    assert topo.kafka.client_kwargs()["sasl_plain_password"] == "s3cret-value"
+    assert "s3cret-value" not in repr(topo) and "s3cret-value" not in str(topo.kafka.public())
     assert "s3cret-value" not in (EXAMPLES / "moderation.yaml").read_text()
+
+
+@pytest.mark.parametrize("field", ["sasl_password", "ssl_password"])
+def test_a_password_in_the_file_is_refused_without_echoing_it(field: str) -> None:
+    data = yaml.safe_load((EXAMPLES / "moderation.yaml").read_text())
+    data["kafka"][field] = "s3cret-in-file"
+    with pytest.raises(SpecError) as info:
+        parse_topology(data)
+    assert f"kafka.{field}" in str(info.value) and f"{field}_env" in str(info.value)
+    assert "s3cret-in-file" not in str(info.value)
 
 
 def test_configuration_page_is_up_to_date() -> None:

@@ -1,14 +1,22 @@
-"""KafkaConnection: validation table, client kwargs, environment, and secrets kept hidden."""
+"""KafkaConnection: validation table, client kwargs, environment, and secrets kept hidden:
+passwords named by environment variable and read where the client is built; a literal one
+cannot be pickled (Ray's actor arguments)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from workers.kafka_settings import KafkaConnection, SaslMechanism, SecurityProtocol
+from workers.kafka_settings import (
+    KafkaConnection,
+    MissingSecret,
+    SaslMechanism,
+    SecurityProtocol,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +57,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("scram underscores", {"bootstrap_servers": BS, **SASL, "sasl_mechanism": "scram_sha_256"}),
+    (
+        "sasl password by name",
+        {"bootstrap_servers": BS, **SASL, "sasl_password": None, "sasl_password_env": "PW_VAR"},
+    ),
 ]
 
 INVALID: list[tuple[str, dict[str, Any], str]] = [
@@ -111,13 +123,34 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"bootstrap_servers": BS, "security_protocol": "SSL", "ssl_password": SSL_PW},
         "ssl_password",
     ),
+    (
+        "sasl password and its variable",
+        {"bootstrap_servers": BS, **SASL, "sasl_password_env": "PW_VAR"},
+        "sasl_password",
+    ),
+    (
+        "sasl variable not a name",
+        {"bootstrap_servers": BS, **SASL, "sasl_password": None, "sasl_password_env": "a b"},
+        "sasl_password_env",
+    ),
+    (
+        "sasl variable on plaintext",
+        {"bootstrap_servers": BS, "sasl_password_env": "PW_VAR"},
+        "sasl_password_env",
+    ),
+    (
+        "key password variable without a key",
+        {"bootstrap_servers": BS, "security_protocol": "SSL", "ssl_password_env": "PW_VAR"},
+        "ssl_password_env",
+    ),
     ("unknown field", {"bootstrap_servers": BS, "sasl_user": "u"}, "sasl_user"),
     ("empty client id", {"bootstrap_servers": BS, "client_id": ""}, "client_id"),
 ]
 
 
 @pytest.mark.parametrize(("case", "kwargs"), VALID, ids=[c for c, _ in VALID])
-def test_valid(case: str, kwargs: dict[str, Any]) -> None:
+def test_valid(case: str, kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_VAR", SASL_PW)
     conn = KafkaConnection(**kwargs)
     kw = conn.client_kwargs()
     assert kw["security_protocol"] == conn.security_protocol.value
@@ -221,6 +254,26 @@ def test_from_env() -> None:
     assert conn.bootstrap_servers == ["k1:9093", "k2:9093"]
     assert conn.sasl_mechanism is SaslMechanism.SCRAM_SHA_256
     assert conn.ssl_check_hostname is False
+    # The password is taken by name: the object holds no secret, and can travel.
+    assert conn.sasl_password is None
+    assert conn.sasl_password_env == "DGSTREAM_KAFKA_SASL_PASSWORD"
+    assert SASL_PW not in repr(conn) and SASL_PW not in pickle.dumps(conn).decode("latin-1")
+    secret = conn.secret("sasl_password", env)
+    assert secret is not None and secret.get_secret_value() == SASL_PW
+
+
+def test_from_env_names_another_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KAFKA_PW", SASL_PW)
+    env = {
+        "DGSTREAM_KAFKA_BOOTSTRAP_SERVERS": "k1:9093",
+        "DGSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "DGSTREAM_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "DGSTREAM_KAFKA_SASL_USERNAME": "svc",
+        "DGSTREAM_KAFKA_SASL_PASSWORD_ENV": "MY_KAFKA_PW",
+        "DGSTREAM_KAFKA_SASL_PASSWORD": "ignored: the named variable wins",
+    }
+    conn = KafkaConnection.from_env(environ=env)
+    assert conn.sasl_password_env == "MY_KAFKA_PW"
     assert conn.client_kwargs()["sasl_plain_password"] == SASL_PW
 
 
@@ -246,3 +299,78 @@ def test_from_env_missing_bootstrap_names_the_field() -> None:
 def test_from_env_uses_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DGSTREAM_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
     assert KafkaConnection.from_env().bootstrap_servers == ["127.0.0.1:19092"]
+
+
+def _named(var: str = "DG_TEST_KAFKA_PW") -> KafkaConnection:
+    return KafkaConnection(
+        bootstrap_servers=BS, **{**SASL, "sasl_password": None}, sasl_password_env=var
+    )
+
+
+def test_named_password_is_read_where_the_client_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conn = _named()
+    monkeypatch.setenv("DG_TEST_KAFKA_PW", SASL_PW)
+    assert conn.client_kwargs()["sasl_plain_password"] == SASL_PW
+    monkeypatch.setenv("DG_TEST_KAFKA_PW", "rotated")
+    assert conn.client_kwargs()["sasl_plain_password"] == "rotated"  # read each time
+    for text in (repr(conn), str(conn), conn.model_dump_json(), str(conn.public())):
+        assert "rotated" not in text
+    assert conn.public()["sasl_password_env"] == "DG_TEST_KAFKA_PW"
+
+
+def test_named_password_not_set_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DG_TEST_KAFKA_PW", raising=False)
+    conn = _named()
+    with pytest.raises(MissingSecret, match="sasl_password_env: environment variable "):
+        conn.client_kwargs()
+    with pytest.raises(MissingSecret, match="DG_TEST_KAFKA_PW is not set"):
+        conn.check_secrets()
+    monkeypatch.setenv("DG_TEST_KAFKA_PW", "")
+    with pytest.raises(MissingSecret):  # empty is not a password
+        conn.check_secrets()
+    conn.check_secrets({"DG_TEST_KAFKA_PW": "x"})
+
+
+def test_key_password_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DG_TEST_KEY_PW", SSL_PW)
+    conn = KafkaConnection(
+        bootstrap_servers=BS,
+        security_protocol="SSL",
+        ssl_certfile="c.pem",
+        ssl_keyfile="k.pem",
+        ssl_password_env="DG_TEST_KEY_PW",
+    )
+    assert conn.client_kwargs()["ssl_password"] == SSL_PW
+    assert SSL_PW not in repr(conn)
+
+
+def test_a_literal_password_cannot_be_pickled_a_named_one_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    literal = KafkaConnection(bootstrap_servers=BS, **SASL)
+    with pytest.raises(TypeError, match="sasl_password_env"):
+        pickle.dumps(literal)
+    key = KafkaConnection(
+        bootstrap_servers=BS,
+        security_protocol="SSL",
+        ssl_certfile="c.pem",
+        ssl_password=SSL_PW,
+    )
+    with pytest.raises(TypeError, match="ssl_password_env"):
+        pickle.dumps(key)
+    named = _named()
+    raw = pickle.dumps(named)
+    assert pickle.loads(raw) == named
+    monkeypatch.setenv("DG_TEST_KAFKA_PW", SASL_PW)
+    assert SASL_PW.encode() not in raw
+
+
+def test_ray_refuses_to_store_a_literal_password() -> None:
+    """What Ray does with an actor argument (cloudpickle) meets the same refusal."""
+    from ray import cloudpickle
+
+    with pytest.raises(TypeError, match="cannot leave its process"):
+        cloudpickle.dumps({"kafka": KafkaConnection(bootstrap_servers=BS, **SASL)})
+    assert b"DG_TEST_KAFKA_PW" in cloudpickle.dumps({"kafka": _named()})

@@ -3,8 +3,6 @@ Ray cluster for the session. The helpers themselves live in `worker_helpers.py`.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,21 +52,23 @@ def ray_cluster() -> Iterator[Any]:
     """A local Ray cluster of our own for the session (4 logical CPUs, no dashboard).
 
     `address="local"` starts a new one even when another Ray instance runs on the machine,
-    and its own temp dir keeps their files apart; `ray.shutdown()` stops its processes."""
+    and its own temp dir (topology.local_ray) keeps their files apart; `ray.shutdown()`
+    stops its processes."""
     import ray
 
-    temp_dir = tempfile.mkdtemp(prefix="dgray-", dir="/tmp")  # short: it holds socket paths
-    ctx = ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        namespace="dgstream-tests",
-        log_to_driver=False,
-        configure_logging=False,
-        _temp_dir=temp_dir,
-    )
-    try:
-        yield ctx
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    from topology.local_ray import private_ray_tmp
+
+    with private_ray_tmp("dgray-") as temp_dir:
+        ctx = ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            namespace="dgstream-tests",
+            log_to_driver=False,
+            configure_logging=False,
+            _temp_dir=str(temp_dir),
+        )
+        try:
+            yield ctx
+        finally:
+            ray.shutdown()
