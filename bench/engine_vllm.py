@@ -60,6 +60,10 @@ NVFP4 = {
 }
 
 
+# Every label id `bench.engine_gpu.make_reads` puts on a canvas.
+SHARED_LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)
+
+
 def full_size_dir(quant: str, root: Path) -> Path:
     """A model directory of the published shape (config and generation config only)."""
     from workers.engine.models import full_size_config, write_generation_config
@@ -236,9 +240,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enforce_eager=args.eager,
         async_scheduling=args.async_scheduling,
+        cudagraph_capture_sizes=graph_sizes(args.graphs, args.max_num_batched_tokens),
+        diffusion_constrained=not args.unconstrained,
         profiler_dir=args.profile or None,
     )
-    engine = VllmEngine(settings)
+    # The reads' labels (bench.engine_gpu.make_reads) as the one shared set, as the factory
+    # gives a worker's engine its tokenizer's labels.
+    engine = VllmEngine(settings, shared_labels=SHARED_LABELS)
     log: list[str] = []
     with tee_output(log):
         t0 = time.perf_counter()
@@ -278,12 +286,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"info": info, "rows": rows, "args": vars(args)}
 
 
+# CUDA graph sizes (scheduled tokens) up to a step's whole budget: vLLM's default list stops
+# at min(2 x max_num_seqs x (canvas + 1), 512), so a step of prompts ran eager (the first
+# H200 profile: 848- and 1280-token steps at ~145 ms each, a 48-token graphed one 17 ms).
+GRAPH_SIZES = (
+    *(1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256),
+    *(320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584),
+    *(4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384),
+)
+
+
+def graph_sizes(choice: str, budget: int) -> tuple[int, ...] | None:
+    """`default`: vLLM's own list; `budget`: every size above up to the token budget."""
+    if choice == "default":
+        return None
+    return tuple(s for s in GRAPH_SIZES if s <= budget)
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quant", choices=["bf16", "nvfp4"], default="nvfp4")
     ap.add_argument("--budget-gib", type=float, default=23.0, help="GPU memory for vLLM")
     ap.add_argument("--max-model-len", type=int, default=16_384)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-seqs", type=int, default=127, help="vLLM resets >= 128 to 8")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--graphs", choices=["default", "budget"], default="budget")
+    ap.add_argument("--unconstrained", action="store_true", help="full-vocabulary reads")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--profile", default="", help="absolute dir for torch profiler traces")

@@ -52,7 +52,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         "vllm": {
             "model": str(TRAINED_DIRS["demo"]),
             "gpu_memory_utilization": args.gpu_share,
-            "max_num_seqs": 256,
+            "max_num_seqs": 127,
             "max_num_batched_tokens": 16_384,
             "enforce_eager": args.eager,
         },

@@ -40,6 +40,7 @@ from workers import demo_tasks  # noqa: E402
 from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
 from workers.engine.factory import EngineSettings, build_classifier  # noqa: E402
 from workers.engine.models import TRAINED_DIRS  # noqa: E402
+from workers.engine.template import standard_label_ids  # noqa: E402
 from workers.engine.vllm_backend import (  # noqa: E402
     VllmEngine,
     VllmRemoteEngine,
@@ -68,7 +69,7 @@ def demo_settings(**overrides: Any) -> VllmSettings:
         "gpu_memory_utilization": GPU_SHARE,
         # The demo model is tiny: CUDA graphs would only lengthen the start.
         "enforce_eager": True,
-        "max_num_seqs": 256,
+        "max_num_seqs": 127,
         "max_num_batched_tokens": 16_384,
         # fp32 on both engines: the read paths are compared without bf16's rounding (in
         # bf16 the answers agreed too, with probabilities 0.024 apart at most).
@@ -128,7 +129,9 @@ def hf_results(loop: asyncio.AbstractEventLoop, requests: list[Any]) -> list[Any
 
 @pytest.fixture(scope="module")
 def vllm_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
-    engine = VllmEngine(demo_settings())
+    # As the factory builds it: one shared label set for every read.
+    chat = _chat()
+    engine = VllmEngine(demo_settings(), shared_labels=standard_label_ids(chat.encode, chat.eot_id))
     t0 = time.perf_counter()
     loop.run_until_complete(engine.start())
     REPORT["vllm_start_s"] = time.perf_counter() - t0
@@ -260,7 +263,8 @@ def test_remote_vllm_serve_answers_as_in_process(
 ) -> None:
     chat = _chat()
     remote = VllmRemoteEngine(
-        VllmRemoteSettings(base_url=vllm_server, model="demo", canvas_length=64, vocab_size=2048)
+        VllmRemoteSettings(base_url=vllm_server, model="demo", canvas_length=64, vocab_size=2048),
+        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
     )
     subset = requests[:REMOTE_COUNT]
     local, _ = classify(loop, Classifier(vllm_engine, chat, ClassifierSettings(seed=0)), subset)

@@ -669,3 +669,79 @@ def test_serve_command_gives_vllm_the_in_process_engine_args(
         for f in dataclasses.fields(AsyncEngineArgs):
             if f.name in engine_args(settings):
                 assert getattr(served, f.name) == getattr(ours, f.name), f.name
+
+
+# --- scheduling and label sets ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("asked", [127, 128])
+def test_vllm_lowers_max_num_seqs_from_128_so_settings_stop_at_127(
+    served: SimpleNamespace, asked: int
+) -> None:
+    """vLLM 0.33 resets DiffusionGemma's max_num_seqs >= 128 to 8 silently: the first H200
+    runs asked for 256 and read 8 a step. The settings refuse what vLLM would reset."""
+    from vllm.config import SchedulerConfig
+
+    from workers.engine.vllm_backend import MAX_NUM_SEQS
+
+    sc = SchedulerConfig(
+        max_num_seqs=asked,
+        max_num_batched_tokens=8192,
+        max_model_len=16_384,
+        is_encoder_decoder=False,
+    )
+    vc = VllmConfig(
+        model_config=served.args.create_model_config(),  # fresh: the hook runs once per config
+        scheduler_config=sc,
+        diffusion_config=served.args.create_diffusion_config(),
+        device_config=DeviceConfig(device="cpu"),
+    )
+    assert vc.scheduler_config.max_num_seqs == (asked if asked <= MAX_NUM_SEQS else 8)
+    if asked > MAX_NUM_SEQS:
+        with pytest.raises(ValueError, match="max_num_seqs"):
+            VllmSettings(max_num_seqs=asked)
+    else:
+        assert VllmSettings(max_num_seqs=asked).max_num_seqs == asked
+
+
+def test_reads_share_one_label_set_and_still_pass_admission(served: SimpleNamespace) -> None:
+    from workers.engine.vllm_backend import logprob_ids
+
+    shared = tuple(sorted({t for r in READS.values() for t in r.label_union}))
+    for read in READS.values():
+        ids = logprob_ids(read, shared)
+        assert ids == list(shared)  # every read asks for the one set
+        admit(served, read, build_sampling_params(read, served.settings, shared))
+    stranger = make_read([("q", ("zz", "yy"))], seed=9)
+    assert logprob_ids(stranger, shared) == list(stranger.label_union)  # not inside: its own
+    assert logprob_ids(READS["joint"]) == list(READS["joint"].label_union)
+
+
+def test_a_shared_label_set_leaves_every_slot_distribution_unchanged() -> None:
+    """Constrained logprobs are a log-softmax over the requested ids: over a larger set they
+    shift by one constant per position, which the slot's own softmax cancels."""
+    from workers.engine.vllm_backend import logprob_ids
+
+    read = READS["joint"]
+    shared = sorted({*read.label_union, *range(50, 90)})
+    rng = np.random.default_rng(3)
+    width = len(read.canvas_ids)
+    logits = rng.normal(size=(width, VOCAB // 1024 + 100)) * 3
+    ids = {t: i for i, t in enumerate(sorted({*shared, *read.label_union}))}
+    cols = np.array(list(ids.values()))
+
+    def output(asked: list[int]) -> Any:
+        flat = FlatLogprobs()
+        for pos in range(width):
+            row = logits[pos, cols[[ids[t] for t in asked]] % logits.shape[1]]
+            lp = row - np.log(np.exp(row).sum())
+            append_logprobs_for_next_position(
+                flat, asked, lp.tolist(), [None] * len(asked), 1, len(asked)
+            )
+        out = CompletionOutput(0, "", list(read.canvas_ids), None, flat, "length")
+        return RequestOutput("r", None, list(read.prompt_ids), None, [out], True)
+
+    own = parse_output(read, output(logprob_ids(read)), constrained=True)
+    wide = parse_output(read, output(logprob_ids(read, tuple(shared))), constrained=True)
+    for a, b in zip(own.slots, wide.slots, strict=True):
+        np.testing.assert_allclose(a.probs, b.probs, rtol=1e-9, atol=1e-12)

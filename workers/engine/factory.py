@@ -88,11 +88,19 @@ def build_engine(settings: EngineSettings) -> tuple[Engine, ChatFormat]:
         from workers.engine.vllm_backend import VllmEngine, check_model
 
         v = check_model(settings.vllm)  # a setting the model cannot serve: refused here
-        return VllmEngine(v), _chat_for(v.tokenizer or v.model)
+        chat = _chat_for(v.tokenizer or v.model)
+        return VllmEngine(v, shared_labels=_labels(chat)), chat
     from workers.engine.vllm_backend import VllmRemoteEngine
 
     r = settings.remote
-    return VllmRemoteEngine(r), _chat_for(r.model)
+    chat = _chat_for(r.model)
+    return VllmRemoteEngine(r, shared_labels=_labels(chat)), chat
+
+
+def _labels(chat: ChatFormat) -> tuple[int, ...]:
+    from workers.engine.template import standard_label_ids
+
+    return standard_label_ids(chat.encode, chat.eot_id)
 
 
 def build_classifier(

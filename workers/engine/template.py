@@ -287,6 +287,21 @@ def resolve_layout(
     return Layout(qids, tuple(base), tuple(slots), width)
 
 
+def standard_label_ids(encode: Encoder, eot_id: int) -> tuple[int, ...]:
+    """The token ids of every label the templates write (yes/no, A..Z, 1..9) at a slot,
+    sorted; labels that are not one token there are left out (a read that needs them asks
+    for its own)."""
+    ids: set[int] = set()
+    groups = [("yes", "no"), tuple(_LETTERS), tuple(str(i) for i in range(1, 10))]
+    for labels in groups:
+        try:
+            layout = resolve_layout(encode, [("q", labels)], eot_id=eot_id, max_width=1 << 16)
+        except Exception:
+            continue
+        ids.update(layout.slots[0].label_ids)
+    return tuple(sorted(ids))
+
+
 def canvas_width(template_len: int) -> int:
     need = template_len + 1  # + end-of-turn
     return -(-need // CANVAS_QUANTUM) * CANVAS_QUANTUM

@@ -71,6 +71,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 MAX_LOGPROB_TOKEN_IDS = 128
 # The vocabulary of google/diffusiongemma-26B-A4B-it (its config.json, text_config.vocab_size).
 DIFFUSION_GEMMA_VOCAB = 262_144
+# vLLM 0.33 resets DiffusionGemma's max_num_seqs to 8 from 128 up (see VllmSettings).
+MAX_NUM_SEQS = 127
 
 
 class ReadRejected(RecoverableEngineError):
@@ -133,7 +135,11 @@ class VllmSettings(BaseModel):
     # logits per step, about what the card spares beside weights and KV cache. It is also
     # openjev's 64 concurrent reads on a 96 GB RTX PRO 6000 (DESIGN.md) scaled to 24 GB
     # (64 x 24/96 = 16), and twice the 8-way concurrency of the upstream example server.
-    max_num_seqs: int = Field(default=16, gt=0)
+    # At most 127: vLLM 0.33 lowers any max_num_seqs >= 128 (its generic default) to 8 for
+    # DiffusionGemma without a word (`DiffusionGemmaConfig.verify_and_update_config`,
+    # vllm/model_executor/models/config.py), which capped the first H200 runs at 8 reads a
+    # step.
+    max_num_seqs: int = Field(default=16, gt=0, le=MAX_NUM_SEQS)
     # vLLM's own default for a GPU under 70 GB in server context (`EngineArgs.
     # get_batch_defaults`), set explicitly so it does not depend on the usage context: 16
     # canvases x 64 = 1024 tokens a step, leaving 1024 for chunked prompt prefill.
@@ -327,7 +333,22 @@ def _extra_args(read: Read, constrained: bool, *, as_ints: bool) -> dict[str, An
     }
 
 
-def build_sampling_params(read: Read, settings: VllmSettings) -> SamplingParams:
+def logprob_ids(read: Read, shared: frozenset[int] | tuple[int, ...] = ()) -> list[int]:
+    """The ids a read asks logprobs for: the engine's shared label set when it holds the
+    read's labels, else the read's own union.
+
+    One set for every read lets vLLM run a step's constrained unembedding over one set of
+    columns (`batch_allowed`) instead of masking the full vocabulary per read; each slot's
+    distribution is the softmax over its own labels either way (the normalizer cancels)."""
+    union = read.label_union
+    if shared and set(union) <= set(shared):
+        return sorted(shared)
+    return list(union)
+
+
+def build_sampling_params(
+    read: Read, settings: VllmSettings, shared: frozenset[int] | tuple[int, ...] = ()
+) -> SamplingParams:
     """The vLLM request of one read (in-process mode)."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -340,7 +361,7 @@ def build_sampling_params(read: Read, settings: VllmSettings) -> SamplingParams:
         top_p=1.0,
         top_k=0,
         max_tokens=width,
-        logprob_token_ids=list(read.label_union),
+        logprob_token_ids=logprob_ids(read, shared),
         extra_args=_extra_args(read, settings.diffusion_constrained, as_ints=False),
         # validate_diffusion_sampling_params sets this for read-only requests; set it here
         # too so an EOS drawn into a slot can never end the canvas early.
@@ -452,8 +473,13 @@ def _request_id(read: Read) -> str:
 class VllmEngine:
     """The in-process engine: one vLLM `AsyncLLM` on the actor's GPU, built on first use."""
 
-    def __init__(self, settings: VllmSettings | None = None) -> None:
+    def __init__(
+        self, settings: VllmSettings | None = None, *, shared_labels: Sequence[int] = ()
+    ) -> None:
+        """`shared_labels`: the token ids of every label the templates write (see
+        `logprob_ids`); empty = each read asks for its own labels."""
         self.settings = settings or VllmSettings()
+        self.shared_labels = frozenset(shared_labels)
         self._engine: Any = None
         self._lock = asyncio.Lock()
         self._vocab_size = self.settings.vocab_size
@@ -513,7 +539,7 @@ class VllmEngine:
     async def _read_one(self, engine: Any, read: Read) -> ReadResult:
         from vllm.inputs import tokens_input
 
-        params = build_sampling_params(read, self.settings)
+        params = build_sampling_params(read, self.settings, self.shared_labels)
         started = time.perf_counter()
 
         async def consume() -> Any:
@@ -601,9 +627,11 @@ class VllmRemoteSettings(BaseModel):
     timeout_s: float = 120.0
 
 
-def build_completion_body(read: Read, settings: VllmRemoteSettings) -> dict[str, Any]:
+def build_completion_body(
+    read: Read, settings: VllmRemoteSettings, shared: frozenset[int] | tuple[int, ...] = ()
+) -> dict[str, Any]:
     """The /v1/completions request of one read."""
-    union = list(read.label_union)
+    union = logprob_ids(read, shared)
     return {
         "model": settings.model,
         "prompt": [int(t) for t in read.prompt_ids],
@@ -669,8 +697,11 @@ class _HttpError(Exception):
 class VllmRemoteEngine:
     """The same reads against an external `vllm serve` (stdlib HTTP in worker threads)."""
 
-    def __init__(self, settings: VllmRemoteSettings | None = None) -> None:
+    def __init__(
+        self, settings: VllmRemoteSettings | None = None, *, shared_labels: Sequence[int] = ()
+    ) -> None:
         self.settings = settings or VllmRemoteSettings()
+        self.shared_labels = frozenset(shared_labels)
 
     @property
     def info(self) -> EngineInfo:
@@ -705,7 +736,9 @@ class VllmRemoteEngine:
 
     async def _read_one(self, read: Read) -> ReadResult:
         started = time.perf_counter()
-        body = await asyncio.to_thread(self._post, build_completion_body(read, self.settings))
+        body = await asyncio.to_thread(
+            self._post, build_completion_body(read, self.settings, self.shared_labels)
+        )
         result = parse_completion(read, body, constrained=self.settings.diffusion_constrained)
         return ReadResult(slots=result.slots, timings={"engine_s": time.perf_counter() - started})
 
@@ -741,6 +774,7 @@ __all__ = [
     "build_xargs",
     "check_model",
     "engine_args",
+    "logprob_ids",
     "parse_completion",
     "parse_output",
     "serve_command",
