@@ -3,13 +3,15 @@
 from dgstream import Client
 """
 
-from dgstream.client import Client, RequestFailed, RequestInvalid
-from schemas import ClassificationResult, ErrorCode, RequestError
+from dgstream.client import Client, Reply, RequestFailed, RequestInvalid
+from schemas import ClassificationResult, ErrorCode, JevResponse, RequestError
 
 __all__ = [
     "ClassificationResult",
     "Client",
     "ErrorCode",
+    "JevResponse",
+    "Reply",
     "RequestError",
     "RequestFailed",
     "RequestInvalid",
