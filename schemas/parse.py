@@ -150,6 +150,13 @@ def _parse(
                 f"version {version!r} is not supported (this worker reads {SCHEMA_VERSION})",
                 "schema_version",
             )
+    return _validate(obj, limits, fallback_id)
+
+
+def _validate(
+    obj: dict[str, Any], limits: ParseLimits, fallback_id: FallbackId | None
+) -> ClassificationRequest | RequestError:
+    """The models' checks, with the fallback id for a body that has none."""
     source: IdSource = "request"
     if "id" not in obj and fallback_id is not None:
         obj = {"id": fallback_id.value, **obj}
