@@ -545,11 +545,12 @@ class QuestionInfo(NamedTuple):
     answers: tuple[str, ...]
 
 
-def question_info(questions: Mapping[str, Any]) -> dict[str, list[QuestionInfo]]:
-    """From question models (`schemas.Question`) of one or more sets merged: id -> kinds."""
+def question_info(*question_sets: Mapping[str, Any]) -> dict[str, list[QuestionInfo]]:
+    """Id -> what each set that has it says, from question models (`schemas.Question`)."""
     out: dict[str, list[QuestionInfo]] = {}
-    for qid, q in questions.items():
-        out.setdefault(qid, []).append(QuestionInfo(q.kind, tuple(q.answers)))
+    for questions in question_sets:
+        for qid, q in questions.items():
+            out.setdefault(qid, []).append(QuestionInfo(q.kind, tuple(q.answers)))
     return out
 
 
@@ -741,9 +742,13 @@ class Route(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(pattern=_ROUTE_NAME, description="Names the route in metrics and errors.")
-    when: str = Field(description="The condition (see docs/routes.md).")
-    topic: str = Field(pattern=_TOPIC, description="Where its results go.")
+    # Names the route in metrics and errors: lower case, digits, "-" and "_"; not "default"
+    # or "reply" (the results no route takes, and those for a request's reply topic).
+    name: str = Field(pattern=_ROUTE_NAME)
+    # The condition over the answers, e.g. `0.4 <= toxic.p_yes < 0.9` (docs/routes.md).
+    when: str
+    # Where the results for which `when` holds go.
+    topic: str = Field(pattern=_TOPIC)
     _condition: Condition | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -764,21 +769,21 @@ class Route(BaseModel):
 
 def check_routes(
     routes: Sequence[Route],
-    questions: Mapping[str, Any] | None,
+    question_sets: Sequence[Mapping[str, Any]] | None,
     *,
     forbidden_topics: Iterable[str] = (),
 ) -> None:
     """All load-time checks of a pipeline's routes; ValueError naming the route.
 
-    `questions`: the questions of the pipeline's question sets merged (id -> question), or
-    None when the pipeline has no question sets (its requests bring their own)."""
+    `question_sets`: the pipeline's question sets (each id -> question), or None when it
+    has none (its requests bring their own questions, whose ids cannot be known here)."""
     if len(routes) > MAX_ROUTES:
         raise ValueError(f"{len(routes)} routes; at most {MAX_ROUTES}")
     names = [r.name for r in routes]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"route names must be unique: {dup}")
-    known = None if questions is None else question_info(questions)
+    known = None if question_sets is None else question_info(*question_sets)
     forbidden = set(forbidden_topics)
     for i, route in enumerate(routes):
         where = f"routes[{i}] ({route.name})"

@@ -326,19 +326,25 @@ def test_route_models_refuse_bad_routes_naming_them() -> None:
 
 
 def test_check_routes_names_the_route() -> None:
-    check_routes(MODERATION, QUESTIONS, forbidden_topics=["moderation.in"])
+    check_routes(MODERATION, [QUESTIONS], forbidden_topics=["moderation.in"])
     bad = [*MODERATION, *routes(("never", "toxic.p_yes >= 1.5", "x"))]
     with pytest.raises(
         ValueError, match=r"routes\[3\] \(never\): when: toxic.p_yes >= 1.5 is never"
     ):
-        check_routes(bad, QUESTIONS)
+        check_routes(bad, [QUESTIONS])
     with pytest.raises(ValueError, match="unique"):
-        check_routes([*MODERATION, MODERATION[0]], QUESTIONS)
+        check_routes([*MODERATION, MODERATION[0]], [QUESTIONS])
     with pytest.raises(ValueError, match=r"routes\[1\] \(review\): topic 'moderation.review'"):
-        check_routes(MODERATION, QUESTIONS, forbidden_topics=["moderation.review"])
+        check_routes(MODERATION, [QUESTIONS], forbidden_topics=["moderation.review"])
     with pytest.raises(ValueError, match="unknown question 'toxic'"):
-        check_routes(MODERATION, {"other": QUESTIONS["toxic"]})
+        check_routes(MODERATION, [{"other": QUESTIONS["toxic"]}])
     check_routes(MODERATION, None)  # inline questions: ids cannot be known
+    # An id in two sets: a field of either kind, any of their answers.
+    other = {"cat": TypeAdapter(Question).validate_python({"type": "noul", "instructions": "?"})}
+    both = [*MODERATION, *routes(("b", 'cat.p_yes > 0.5 or cat.choice == "abuse"', "t"))]
+    check_routes(both, [QUESTIONS, other])
+    with pytest.raises(ValueError, match="p_yes is a field of yes_no"):
+        check_routes(both, [QUESTIONS])
 
 
 # --------------------------------------------------------------------------- properties
