@@ -4,9 +4,11 @@
 - yes/no: `{"type": "noul", "noul": p_yes}`;
 - choice: `{"type": "choice", "choice", "confidence", "probabilities": {option: p}}`;
 - score: `{"type": "score", "score", "confidence", "probabilities", "legend"}`, where `score`
-  is the probability-weighted 0-based level index and both maps are keyed "0".."n-1";
-- a question not asked (its `ask_if` unmet, a dgstream extension): `{"type": "skipped",
-  "reason"}`; Jev's clients pass over answer types they do not know.
+  is the probability-weighted 0-based level index and both maps are keyed "0".."n-1".
+
+A question not asked (its `ask_if` unmet: a dgstream extension) has no answer here, as Jev's
+own client shows an answer type it does not know; Jev's response models, applied to a
+record's value directly, would refuse one.
 
 `to_jev` converts a `ClassificationResult`; nothing is computed again.
 """
@@ -64,15 +66,7 @@ class JevScoreAnswer(WireModel):
         return self
 
 
-class JevSkippedAnswer(WireModel):
-    type: Literal["skipped"] = "skipped"
-    reason: str
-
-
-JevAnswer = Annotated[
-    JevNoulAnswer | JevChoiceAnswer | JevScoreAnswer | JevSkippedAnswer,
-    Field(discriminator="type"),
-]
+JevAnswer = Annotated[JevNoulAnswer | JevChoiceAnswer | JevScoreAnswer, Field(discriminator="type")]
 
 
 class JevUsage(WireModel):
@@ -102,8 +96,8 @@ def _score(answer: ScoreAnswer) -> JevScoreAnswer:
 
 def jev_answer(
     answer: YesNoAnswer | ChoiceAnswer | ScoreAnswer | SkippedAnswer,
-) -> JevNoulAnswer | JevChoiceAnswer | JevScoreAnswer | JevSkippedAnswer:
-    """One answer in Jev's shape."""
+) -> JevNoulAnswer | JevChoiceAnswer | JevScoreAnswer | None:
+    """One answer in Jev's shape (None for a skipped one, which Jev has no shape for)."""
     if isinstance(answer, YesNoAnswer):
         return JevNoulAnswer(noul=answer.p_yes)
     if isinstance(answer, ChoiceAnswer):
@@ -114,15 +108,16 @@ def jev_answer(
         )
     if isinstance(answer, ScoreAnswer):
         return _score(answer)
-    return JevSkippedAnswer(reason=answer.reason)
+    return None
 
 
 def to_jev(result: ClassificationResult) -> JevResponse:
     """`result` in Jev's response shape (its id, status and metadata have no place there:
-    the record's key and headers carry the correlation)."""
+    the record's key and headers carry the correlation; skipped answers are left out)."""
     diag = result.diagnostics
+    answers = {qid: jev_answer(a) for qid, a in result.answers.items()}
     return JevResponse(
         model=diag.model,
-        answers={qid: jev_answer(a) for qid, a in result.answers.items()},
+        answers={qid: a for qid, a in answers.items() if a is not None},
         usage=JevUsage(input_tokens=diag.input_tokens, output_tokens=diag.output_tokens),
     )

@@ -74,7 +74,7 @@ def test_jev_shape_of_each_answer() -> None:
                 "probabilities": {"0": 0.2, "1": 0.3, "2": 0.5},
                 "legend": {"0": "can wait", "1": "this week", "2": "today"},
             },
-            "refund": {"type": "skipped", "reason": "ask_if not met: billing=no"},
+            # "refund" was skipped: Jev has no shape for it, so it is left out
         },
         "usage": {"input_tokens": 812, "output_tokens": 64},
     }
@@ -134,6 +134,7 @@ def test_formats_encode_and_read_back() -> None:
         },
         {"type": "noul", "noul": 1.5},
         {"type": "choice", "choice": "a", "confidence": 1},
+        {"type": "skipped", "reason": "not asked"},
     ],
 )
 def test_inconsistent_jev_answers_are_refused(answer: dict[str, Any]) -> None:
