@@ -9,13 +9,27 @@ its headers, both taken from the input record so that consumers keep what they r
   record never carries two `model` headers (a chained pipeline's input carries the previous
   pipeline's). A null header value is copied as empty bytes (the Kafka client writes bytes
   only).
+
+`result_record` puts it together for one result: its topic (reply topic, route, or the
+output topic), key, value in the pipeline's format, and headers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
-__all__ = ["OWN_HEADERS", "Header", "output_headers", "output_key"]
+from schemas import ClassificationResult, OutputFormat, encode_output
+from workers.routes import Router
+
+__all__ = [
+    "OWN_HEADERS",
+    "Header",
+    "OutputRecord",
+    "output_headers",
+    "output_key",
+    "result_record",
+]
 
 Header = tuple[str, bytes]
 
@@ -46,3 +60,34 @@ def output_headers(
         out.append((name, b"" if value is None else bytes(value)))
     out.extend((name, bytes(value)) for name, value in ours)
     return out
+
+
+class OutputRecord(NamedTuple):
+    """A record to produce, and the route that chose its topic (for the per-route counter)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[Header]
+    route: str
+
+
+def result_record(
+    result: ClassificationResult,
+    *,
+    router: Router,
+    output_format: OutputFormat,
+    reply_topic: str | None,
+    input_key: bytes | None,
+    input_headers: Iterable[tuple[str, bytes | None]] | None,
+    ours: Sequence[Header],
+) -> OutputRecord:
+    """The output record of one result. `ours`: the worker's headers (schema_version, model,
+    worker); `output_format` and `route` are added to them."""
+    match = router.route(result, reply_topic)
+    headers = output_headers(
+        input_headers,
+        [*ours, ("output_format", output_format.encode()), ("route", match.name.encode())],
+    )
+    key = output_key(input_key, result.id)
+    return OutputRecord(match.topic, key, encode_output(result, output_format), headers, match.name)

@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from workers.records import OWN_HEADERS, output_headers, output_key
+from schemas import ClassificationResult, JevResponse, read_output
+from workers.records import OWN_HEADERS, output_headers, output_key, result_record
+from workers.routes import Route, Router
 
 pytestmark = pytest.mark.unit
 
@@ -72,3 +74,72 @@ def test_ours_win_a_collision_ignoring_case() -> None:
 def test_no_input_headers() -> None:
     assert output_headers(None, OURS) == OURS
     assert output_headers([], []) == []
+
+
+def _result(p_yes: float) -> ClassificationResult:
+    return ClassificationResult.model_validate(
+        {
+            "id": "in-0-7",
+            "id_source": "record",
+            "status": "ok",
+            "answers": {
+                "toxic": {
+                    "type": "yes_no",
+                    "p_yes": p_yes,
+                    "label": "yes" if p_yes >= 0.5 else "no",
+                    "confidence": max(p_yes, 1 - p_yes),
+                }
+            },
+            "diagnostics": {
+                "reads": 1,
+                "entropy": {},
+                "label_mass": {},
+                "model": "demo",
+                "engine": "e",
+                "worker": "w",
+            },
+        }
+    )
+
+
+ROUTER = Router([Route(name="block", when="toxic.p_yes >= 0.9", topic="mod.block")], "mod.out")
+
+
+@pytest.mark.parametrize(
+    ("p_yes", "reply", "key", "expected"),
+    [
+        (0.95, None, b"k", ("mod.block", b"k", "block")),
+        (0.2, None, None, ("mod.out", b"in-0-7", "default")),
+        (0.95, "client.replies", None, ("client.replies", b"in-0-7", "reply")),
+    ],
+)
+def test_result_record_routes_keys_and_formats(
+    p_yes: float, reply: str | None, key: bytes | None, expected: tuple[str, bytes, str]
+) -> None:
+    rec = result_record(
+        _result(p_yes),
+        router=ROUTER,
+        output_format="jev",
+        reply_topic=reply,
+        input_key=key,
+        input_headers=[TRACE, ("route", b"upstream")],
+        ours=OURS,
+    )
+    assert (rec.topic, rec.key, rec.route) == expected
+    assert isinstance(read_output(rec.value), JevResponse)
+    assert rec.headers == [
+        TRACE,
+        *OURS,
+        ("output_format", b"jev"),
+        ("route", expected[2].encode()),
+    ]
+    ours = result_record(
+        _result(p_yes),
+        router=ROUTER,
+        output_format="dgstream",
+        reply_topic=reply,
+        input_key=key,
+        input_headers=None,
+        ours=OURS,
+    )
+    assert read_output(ours.value) == _result(p_yes)
