@@ -1,8 +1,11 @@
 """The producer's client: classify a state over Kafka and get the result back.
 
-Request-reply: each request names this client's reply topic (`reply_topic`); the worker
-publishes the result there, keyed by the request id; a background thread matches results to
-waiting calls by id. Requests are validated with the same entry point the worker uses
+Request-reply: each request names this client's reply topic (`reply_topic`) and is sent
+keyed by its id; the worker publishes the result there, keyed like its request; a background
+thread matches results to waiting calls by id. Both output formats are read: a dgstream
+result (a `ClassificationResult`, matched by its `id`) and, from a pipeline with
+`output_format: jev`, Jev's response shape (a `JevResponse`, which has no id: matched by
+the record's key). Requests are validated with the same entry point the worker uses
 before they are sent, so a bad request fails here, at once, with its error code.
 
 Some requests can only be refused by the pipeline (a `question_set` it does not define, a
@@ -43,13 +46,18 @@ from schemas import (
     ClassificationRequest,
     ClassificationResult,
     DeadLetter,
+    JevResponse,
     RequestError,
     parse_request,
+    read_output,
 )
 from workers.kafka_probe import KafkaConnectError, check_connection
 from workers.kafka_settings import KafkaConnection
 
-__all__ = ["Client", "KafkaConnectError", "RequestFailed", "RequestInvalid"]
+__all__ = ["Client", "KafkaConnectError", "Reply", "RequestFailed", "RequestInvalid"]
+
+# What a call resolves to: the result in the pipeline's output format.
+Reply = ClassificationResult | JevResponse
 
 
 class RequestInvalid(ValueError):
@@ -110,7 +118,7 @@ class Client:
         self._consumer.seek_to_end(*parts)
         for tp in parts:
             self._consumer.position(tp)
-        self._pending: dict[str, Future[ClassificationResult]] = {}
+        self._pending: dict[str, Future[Reply]] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="dgstream-replies", daemon=True)
@@ -128,7 +136,7 @@ class Client:
         samples: int | str = 1,
         metadata: Mapping[str, Any] | None = None,
         request: Mapping[str, Any] | None = None,
-    ) -> Future[ClassificationResult]:
+    ) -> Future[Reply]:
         """Send one request; the future resolves to its result."""
         body: dict[str, Any] = (
             dict(request)
@@ -152,16 +160,14 @@ class Client:
         if isinstance(parsed, RequestError):
             raise RequestInvalid(parsed)
         assert isinstance(parsed, ClassificationRequest)
-        future: Future[ClassificationResult] = Future()
+        future: Future[Reply] = Future()
         with self._lock:
             self._pending[parsed.id] = future
         self._producer.send(self.request_topic, key=parsed.id.encode(), value=raw)
         self._producer.flush()
         return future
 
-    def classify(
-        self, *args: Any, timeout_s: float | None = None, **kwargs: Any
-    ) -> ClassificationResult:
+    def classify(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Reply:
         """Classify one state; raises `RequestInvalid` before sending, `RequestFailed` when
         the pipeline refused it (with `dead_letter_topic`), `TimeoutError` when no result
         arrives in time."""
@@ -178,10 +184,10 @@ class Client:
         *,
         max_in_flight: int = 256,
         timeout_s: float | None = None,
-    ) -> Iterator[ClassificationResult]:
+    ) -> Iterator[Reply]:
         """Send whole requests (dicts in the wire shape), keeping up to `max_in_flight`
         waiting; yields results in the order the requests were given."""
-        window: list[Future[ClassificationResult]] = []
+        window: list[Future[Reply]] = []
         for req in requests:
             window.append(self.submit(request=req))
             if len(window) >= max_in_flight:
@@ -203,16 +209,14 @@ class Client:
 
     # ------------------------------------------------------------------ internals
 
-    def _take(
-        self, future: Future[ClassificationResult], timeout_s: float | None
-    ) -> ClassificationResult:
+    def _take(self, future: Future[Reply], timeout_s: float | None) -> Reply:
         try:
             return future.result(timeout=timeout_s or self.timeout_s)
         except FutureTimeout:
             self._forget(future)
             raise TimeoutError("no result within the timeout") from None
 
-    def _forget(self, future: Future[ClassificationResult]) -> None:
+    def _forget(self, future: Future[Reply]) -> None:
         with self._lock:
             for key, value in list(self._pending.items()):
                 if value is future:
@@ -224,17 +228,24 @@ class Client:
             for tp, records in polled.items():
                 for rec in records:
                     if tp.topic == self.reply_topic:
-                        self._on_result(rec.value)
+                        self._on_result(rec.value, rec.key)
                     else:
                         self._on_dead_letter(rec.value)
 
-    def _on_result(self, value: bytes) -> None:
+    def _on_result(self, value: bytes, key: bytes | None) -> None:
         try:
-            result = ClassificationResult.model_validate_json(value)
+            result = read_output(value)
         except ValueError:
             return  # not a result of ours
+        if isinstance(result, ClassificationResult):
+            rid = result.id
+        else:  # Jev's shape has no id: the record is keyed like the request
+            try:
+                rid = key.decode("utf-8") if key is not None else ""
+            except UnicodeDecodeError:
+                return
         with self._lock:
-            future = self._pending.pop(result.id, None)
+            future = self._pending.pop(rid, None)
         if future is not None and not future.done():
             future.set_result(result)
 

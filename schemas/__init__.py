@@ -2,16 +2,27 @@
 
 The worker reads requests only through `parse_request`, which returns the request or a
 `RequestError` (an `ErrorCode`, a message, the field's path) and never raises for bad input.
-`python -m schemas.export` writes the JSON Schema files in `schemas/json/`.
+Results go out through `encode_output` in the pipeline's format (ours, or Jev's response
+shape). `python -m schemas.export` writes the JSON Schema files in `schemas/json/`.
 """
 
 from schemas._version import SCHEMA_VERSION
 from schemas.dead_letter import DeadLetter, SourceRef
 from schemas.errors import ErrorCode, RequestError, RequestRejected
-from schemas.parse import DEFAULT_LIMITS, ParseLimits, parse_request, request_id_hint
+from schemas.jev import JevResponse, to_jev
+from schemas.output import OUTPUT_FORMATS, OutputFormat, encode_output, read_output
+from schemas.parse import (
+    DEFAULT_LIMITS,
+    FallbackId,
+    ParseLimits,
+    parse_request,
+    record_id,
+    request_id_hint,
+)
 from schemas.request import (
     ChoiceQuestion,
     ClassificationRequest,
+    IdSource,
     Question,
     QuestionKind,
     ScoreQuestion,
@@ -31,6 +42,7 @@ from schemas.result import (
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "OUTPUT_FORMATS",
     "SCHEMA_VERSION",
     "Answer",
     "ChoiceAnswer",
@@ -40,6 +52,10 @@ __all__ = [
     "DeadLetter",
     "Diagnostics",
     "ErrorCode",
+    "FallbackId",
+    "IdSource",
+    "JevResponse",
+    "OutputFormat",
     "ParseLimits",
     "Question",
     "QuestionKind",
@@ -52,7 +68,11 @@ __all__ = [
     "YesNoAnswer",
     "YesNoCriteria",
     "YesNoQuestion",
+    "encode_output",
     "parse_request",
     "question_order",
+    "read_output",
+    "record_id",
     "request_id_hint",
+    "to_jev",
 ]

@@ -12,15 +12,26 @@ from schemas.errors import ErrorCode
 # Context key of a custom error that carries the full dotted path of the offending field
 # (validators that run on the whole model have no location of their own).
 FIELD_CTX = "dg_field"
+# Context key of a custom error that carries a suffix for the path pydantic gives it (a
+# model validator's location is its model; the suffix names the field inside it).
+SUFFIX_CTX = "dg_suffix"
 # Key in the validation context under which `parse_request` passes its `ParseLimits`.
 LIMITS_CTX = "dgstream_limits"
 _SURROGATES = re.compile(r"[\ud800-\udfff]")
 
 
-def fail(code: ErrorCode, message: str, field: str | None = None) -> PydanticCustomError:
-    """A validation error whose type is the error code (so the parser maps it directly)."""
-    ctx = {FIELD_CTX: field} if field is not None else None
-    return PydanticCustomError(code.value, message, ctx)
+def fail(
+    code: ErrorCode, message: str, field: str | None = None, *, suffix: str | None = None
+) -> PydanticCustomError:
+    """A validation error whose type is the error code (so the parser maps it directly).
+
+    `field` is the full dotted path; `suffix` is appended to the path pydantic reports."""
+    ctx: dict[str, str] = {}
+    if field is not None:
+        ctx[FIELD_CTX] = field
+    if suffix is not None:
+        ctx[SUFFIX_CTX] = suffix
+    return PydanticCustomError(code.value, message, ctx or None)
 
 
 def has_control(text: str) -> bool:

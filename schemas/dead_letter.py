@@ -88,12 +88,14 @@ class DeadLetter(WireModel):
         *,
         max_original_bytes: int | None = None,
         time: datetime | None = None,
+        fallback_id: str | None = None,
     ) -> DeadLetter:
         """A dead letter for `raw`, read at topic/partition/offset.
 
         `max_original_bytes` keeps only that many leading bytes of the original (base64 grows
         it by a third, which may not fit the topic's message size); `request_id` is recovered
-        from the message when it is JSON with a valid `id`.
+        from the message when it is JSON with a valid `id`, else it is `fallback_id` (the
+        worker passes the record's id, `schemas.parse.record_id`, for bodies without one).
         """
         data = bytes(raw) if raw else b""
         kept = data if max_original_bytes is None else data[: max(max_original_bytes, 0)]
@@ -109,7 +111,7 @@ class DeadLetter(WireModel):
                 key=None if key is None else _b64(key),
                 timestamp_ms=timestamp_ms,
             ),
-            request_id=request_id_hint(data) if data else None,
+            request_id=(request_id_hint(data) if data else None) or fallback_id,
             worker=worker,
             time=time if time is not None else datetime.now(UTC),
         )

@@ -18,20 +18,27 @@ class ErrorCode(StrEnum):
       not an object), UNSUPPORTED_SCHEMA_VERSION.
 
     Contract (a field breaks the request schema):
-      MISSING_FIELD, UNKNOWN_FIELD, WRONG_TYPE (a JSON value of the wrong type, e.g. state as
-      a number, samples as "many"), INVALID_ID (empty or control characters), ID_TOO_LONG
-      (over 128 characters), STATE_TOO_LARGE (over max_state_chars), NO_QUESTIONS (neither
-      questions nor question_set, or empty questions), QUESTIONS_AND_SET (both given),
-      TOO_MANY_QUESTIONS, INVALID_QUESTION_ID (not ^[A-Za-z][A-Za-z0-9_]{0,63}$),
-      UNKNOWN_QUESTION_KIND (type not noul/yes_no/choice/score), EMPTY_INSTRUCTIONS,
-      INSTRUCTIONS_TOO_LONG (over 2000 characters), TOO_FEW_OPTIONS / TOO_MANY_OPTIONS (a
-      choice needs 2..26), DUPLICATE_OPTION (same name ignoring case and surrounding space),
-      INVALID_OPTION_NAME (blank, over 64 characters, or control characters), TOO_FEW_LEVELS /
-      TOO_MANY_LEVELS (a score needs 2..10), DUPLICATE_LEVEL, INVALID_LEVEL_NAME (blank or
+      MISSING_FIELD (`id` only when the worker gave no fallback id), UNKNOWN_FIELD,
+      WRONG_TYPE (a JSON value of the wrong type, e.g. state as a number, samples as "many"),
+      INVALID_ID (empty or control characters), ID_TOO_LONG (over 128 characters),
+      STATE_TOO_LARGE (over max_state_chars, a JSON state counted as its text), NO_QUESTIONS
+      (neither questions nor question_set, or empty questions), QUESTIONS_AND_SET (both
+      given), TOO_MANY_QUESTIONS, INVALID_QUESTION_ID (not ^[A-Za-z][A-Za-z0-9_]{0,63}$),
+      UNKNOWN_QUESTION_KIND (type not noul/yes_no/choice/score), EMPTY_INSTRUCTIONS (blank
+      text, or a yes/no question with neither instructions nor a described outcome),
+      INSTRUCTIONS_TOO_LONG (over 2000 characters, JSON counted as its text),
+      TOO_FEW_OPTIONS / TOO_MANY_OPTIONS (a choice needs 2..26: one read carries one
+      single-token label per option, A..Z; Jev itself takes 255, so a Jev body with 27..255
+      options is refused here), DUPLICATE_OPTION (same name ignoring case and surrounding
+      space), INVALID_OPTION_NAME (blank, over 64 characters, or control characters),
+      TOO_FEW_LEVELS / TOO_MANY_LEVELS (a score needs 2..10), DUPLICATE_LEVEL (also when a
+      null level's name, "level <i>", is another level's), INVALID_LEVEL_NAME (blank or
       control characters), INVALID_SAMPLES (not 1..16), INVALID_AUTO_OPTIONS (auto_threshold
       not > 0, auto_max not 2..16, or either without samples "auto"), INVALID_REPLY_TOPIC (not a
       Kafka topic name), INVALID_METADATA (not an object, or nested too deeply to echo back),
-      INVALID_VALUE (any other value the schema refuses).
+      INVALID_VALUE (any other value the schema refuses: e.g. a JSON state, instructions or
+      description nested more than 64 deep; a `model` empty, over 128 characters or with
+      control characters).
 
     Graph (how questions refer to each other):
       UNKNOWN_DEPENDENCY (depends_on / ask_if names a question not in the request),

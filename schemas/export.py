@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from schemas.dead_letter import DeadLetter
+from schemas.jev import JevResponse
 from schemas.request import ClassificationRequest
 from schemas.result import ClassificationResult
 
@@ -28,6 +29,7 @@ _FILES: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]
     "request.schema.json": (ClassificationRequest, "validation"),
     "result.schema.json": (ClassificationResult, "serialization"),
     "dead_letter.schema.json": (DeadLetter, "serialization"),
+    "jev_result.schema.json": (JevResponse, "serialization"),
 }
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from typing import Any
+import re
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
@@ -12,6 +14,7 @@ from pydantic_core import ErrorDetails
 from schemas._common import (
     FIELD_CTX,
     LIMITS_CTX,
+    SUFFIX_CTX,
     has_control,
     has_surrogate,
     json_type,
@@ -19,7 +22,13 @@ from schemas._common import (
 )
 from schemas._version import SCHEMA_VERSION
 from schemas.errors import ErrorCode, RequestError
-from schemas.request import MAX_ID_CHARS, MAX_QUESTIONS, QUESTION_TYPES, ClassificationRequest
+from schemas.request import (
+    MAX_ID_CHARS,
+    MAX_QUESTIONS,
+    QUESTION_TYPES,
+    ClassificationRequest,
+    IdSource,
+)
 
 
 class ParseLimits(BaseModel):
@@ -33,19 +42,61 @@ class ParseLimits(BaseModel):
 
 
 DEFAULT_LIMITS = ParseLimits()
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+_NOT_TOPIC_CHARS = re.compile(r"[^a-zA-Z0-9._-]")
+
+
+class FallbackId(NamedTuple):
+    """The id a request without one gets, and where it came from (see `record_id`)."""
+
+    value: str
+    source: IdSource
+
+
+def _valid_id(text: str) -> bool:
+    return 0 < len(text) <= MAX_ID_CHARS and not has_control(text) and not has_surrogate(text)
+
+
+def record_id(key: bytes | None, topic: str, partition: int, offset: int) -> FallbackId:
+    """The id of a record whose request has none: its key when that is valid id text
+    (UTF-8, 1..128 characters, no control characters), else "<topic>-<partition>-<offset>".
+
+    Both are stable: reading the record again gives the same id. A topic name too long for
+    an id (topics take 249 characters) is cut and followed by a hash of the whole name."""
+    if key is not None:
+        try:
+            text = bytes(key).decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+        if _valid_id(text):
+            return FallbackId(text, "key")
+    where = f"-{partition}-{offset}"
+    name = topic
+    if len(name) + len(where) > MAX_ID_CHARS or not _TOPIC_NAME.fullmatch(name):
+        # Kafka's topic names are [a-zA-Z0-9._-]; anything else is replaced, and the hash
+        # keeps two cut (or replaced) names apart.
+        digest = hashlib.blake2b(topic.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+        keep = _NOT_TOPIC_CHARS.sub("_", topic)[: MAX_ID_CHARS - len(where) - len(digest) - 1]
+        name = f"{keep}~{digest}"
+    return FallbackId(name + where, "record")
 
 
 def parse_request(
-    raw: bytes | None, limits: ParseLimits = DEFAULT_LIMITS
+    raw: bytes | None,
+    limits: ParseLimits = DEFAULT_LIMITS,
+    *,
+    fallback_id: FallbackId | None = None,
 ) -> ClassificationRequest | RequestError:
     """Parse one message value. Returns the request, or the first reason to refuse it.
 
     Never raises, whatever the bytes. Checks, in order: empty, size, UTF-8, JSON (NaN,
     Infinity and duplicate keys refused), top-level object, lone surrogates, schema_version,
-    then the models.
+    then the models. A body without `id` takes `fallback_id` (the worker passes
+    `record_id(...)` of the record; the request's `id_source` then says where it came
+    from); without one, a missing id is refused (MISSING_FIELD).
     """
     try:
-        return _parse(raw, limits)
+        return _parse(raw, limits, fallback_id)
     except Exception as exc:  # a bug here must not stop a partition: refuse the record
         return _error(
             ErrorCode.INVALID_VALUE,
@@ -53,7 +104,9 @@ def parse_request(
         )
 
 
-def _parse(raw: bytes | None, limits: ParseLimits) -> ClassificationRequest | RequestError:
+def _parse(
+    raw: bytes | None, limits: ParseLimits, fallback_id: FallbackId | None
+) -> ClassificationRequest | RequestError:
     if not raw:
         return _error(ErrorCode.EMPTY_MESSAGE, "the message is empty")
     if isinstance(raw, str):
@@ -97,12 +150,25 @@ def _parse(raw: bytes | None, limits: ParseLimits) -> ClassificationRequest | Re
                 f"version {version!r} is not supported (this worker reads {SCHEMA_VERSION})",
                 "schema_version",
             )
+    return _validate(obj, limits, fallback_id)
+
+
+def _validate(
+    obj: dict[str, Any], limits: ParseLimits, fallback_id: FallbackId | None
+) -> ClassificationRequest | RequestError:
+    """The models' checks, with the fallback id for a body that has none."""
+    source: IdSource = "request"
+    if "id" not in obj and fallback_id is not None:
+        obj = {"id": fallback_id.value, **obj}
+        source = fallback_id.source
     try:
-        return ClassificationRequest.model_validate(obj, context={LIMITS_CTX: limits})
+        request = ClassificationRequest.model_validate(obj, context={LIMITS_CTX: limits})
     except ValidationError as exc:
         return _from_validation_error(exc)
     except RecursionError:
         return _error(ErrorCode.INVALID_VALUE, "the request is nested too deeply")
+    request._id_source = source
+    return request
 
 
 def request_id_hint(raw: bytes | None) -> str | None:
@@ -114,12 +180,7 @@ def request_id_hint(raw: bytes | None) -> str | None:
     except (ValueError, RecursionError, TypeError):
         return None
     ident = obj.get("id") if isinstance(obj, dict) else None
-    if (
-        isinstance(ident, str)
-        and 0 < len(ident) <= MAX_ID_CHARS
-        and not has_control(ident)
-        and not has_surrogate(ident)
-    ):
+    if isinstance(ident, str) and _valid_id(ident):
         return ident
     return None
 
@@ -231,6 +292,8 @@ def _classify(err: ErrorDetails) -> tuple[ErrorCode, str, str | None]:
     ctx: dict[str, Any] = dict(err.get("ctx") or {})
     path = _path(loc)
     if kind in _CODES:
+        if ctx.get(SUFFIX_CTX):
+            path = f"{path}.{ctx[SUFFIX_CTX]}" if path else str(ctx[SUFFIX_CTX])
         return _CODES[kind], err["msg"], ctx.get(FIELD_CTX) or path
     if kind == "missing":
         return ErrorCode.MISSING_FIELD, "required field is missing", path

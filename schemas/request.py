@@ -1,34 +1,52 @@
 """Classification requests: a text (`state`) and the questions to answer about it.
 
-Questions have the Jev API's shape and are told apart by `type`. They may depend on one another
-(`depends_on`: asked after those questions, with their answers in the prompt) or be asked only
-when another question's answer is among given values (`ask_if`, which implies the dependency).
+Questions have the Jev API's shape and are told apart by `type`; a body as Jev's clients send
+it (`POST /v1/systemone`: no `id`, a `model`, state and texts as JSON, null criteria) is a
+request. They may depend on one another (`depends_on`: asked after those questions, with their
+answers in the prompt) or be asked only when another question's answer is among given values
+(`ask_if`, which implies the dependency).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from schemas._common import LIMITS_CTX, RequestModel, fail, has_control, json_type
 from schemas._version import SchemaVersion
+from schemas.content import CONTENT_SCHEMA, NULL_LEVEL_NAME, Content, json_depth, to_text
 from schemas.errors import ErrorCode, RequestRejected
 
 QuestionKind = Literal["yes_no", "choice", "score"]
+# Where a request's id came from: its body, the record's key, or the record's
+# topic-partition-offset (see `schemas.parse.record_id`).
+IdSource = Literal["request", "key", "record"]
 
 MAX_QUESTIONS = 64
 MAX_ID_CHARS = 128
 MAX_INSTRUCTIONS_CHARS = 2000
 MAX_OPTION_CHARS = 64
+# One read carries one single-token label per option, A..Z (vLLM 0.33's decision reader caps
+# choices at 26 the same way); Jev itself takes up to 255 options.
 MIN_OPTIONS, MAX_OPTIONS = 2, 26
+JEV_MAX_OPTIONS = 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
 MIN_SAMPLES, MAX_SAMPLES = 1, 16
 MIN_AUTO_MAX = 2
 # Metadata is echoed inside the result; deeper nesting cannot be serialized back reliably.
 MAX_METADATA_DEPTH = 64
+MAX_MODEL_CHARS = 128
 
 _QUESTION_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
 _QUESTION_ID_RE = re.compile(_QUESTION_ID_PATTERN[1:-1])
@@ -37,15 +55,24 @@ _TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
 _YES_NO_ANSWERS = ("yes", "no")
 
 
+_Instructions = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_INSTRUCTIONS_CHARS),
+    BeforeValidator(to_text),
+    CONTENT_SCHEMA,
+]
+
+
 # --- questions ----------------------------------------------------------------------------------
 
 
 class _QuestionBase(RequestModel):
     type: str  # narrowed to a Literal by each kind; declared here so it comes first
-    instructions: str = Field(
-        min_length=1,
-        max_length=MAX_INSTRUCTIONS_CHARS,
-        description="What to decide, in words; not blank.",
+    instructions: _Instructions | None = Field(
+        default=None,
+        description="What to decide: text, or a JSON object or array (read as its JSON text); "
+        "at most 2000 characters as text, not blank. Null or left out: the question has no "
+        "instruction line (a yes/no question then needs a described outcome).",
     )
     depends_on: list[str] = Field(
         default_factory=list,
@@ -61,8 +88,8 @@ class _QuestionBase(RequestModel):
 
     @field_validator("instructions")
     @classmethod
-    def _instructions_not_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _instructions_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise fail(ErrorCode.EMPTY_INSTRUCTIONS, "instructions are blank")
         return value
 
@@ -88,10 +115,10 @@ class _QuestionBase(RequestModel):
 
 
 class YesNoCriteria(RequestModel):
-    """What `yes` and what `no` mean (either may be left out)."""
+    """What `yes` and what `no` mean (either may be left out or null; text or JSON)."""
 
-    true: str | None = None
-    false: str | None = None
+    true: Content | None = None
+    false: Content | None = None
 
 
 class YesNoQuestion(_QuestionBase):
@@ -99,6 +126,18 @@ class YesNoQuestion(_QuestionBase):
 
     type: Literal["noul", "yes_no"]
     criteria: YesNoCriteria | None = None
+
+    @model_validator(mode="after")
+    def _something_to_ask(self) -> YesNoQuestion:
+        crit = self.criteria
+        if self.instructions is None and not (crit and (crit.true or crit.false)):
+            raise fail(
+                ErrorCode.EMPTY_INSTRUCTIONS,
+                "a yes/no question needs instructions or a described outcome "
+                "(criteria.true or criteria.false)",
+                suffix="instructions",
+            )
+        return self
 
     @property
     def kind(self) -> QuestionKind:
@@ -110,15 +149,30 @@ class YesNoQuestion(_QuestionBase):
 
 
 class ChoiceQuestion(_QuestionBase):
-    """Pick one of 2..26 named options."""
+    """Pick one of 2..26 named options (Jev takes 255; one read carries 26 labels)."""
 
     type: Literal["choice"]
-    criteria: dict[str, str | None] = Field(
+    criteria: dict[str, Content | None] = Field(
         min_length=MIN_OPTIONS,
         max_length=MAX_OPTIONS,
-        description="Option name -> description (or null), in order. Names are not blank, at "
-        "most 64 characters, and unique ignoring case and surrounding space.",
+        description="Option name -> description (text, JSON read as its text, or null), in "
+        "order. 2..26 options: one read carries one single-token label per option (A..Z). "
+        "Names are not blank, at most 64 characters, and unique ignoring case and surrounding "
+        "space.",
     )
+
+    @field_validator("criteria", mode="before")
+    @classmethod
+    def _count_options(cls, value: Any) -> Any:
+        if isinstance(value, dict) and len(value) > MAX_OPTIONS:
+            within = "within" if len(value) <= JEV_MAX_OPTIONS else "beyond"
+            raise fail(
+                ErrorCode.TOO_MANY_OPTIONS,
+                f"{len(value)} options; dgstream answers at most {MAX_OPTIONS}: one read "
+                f"carries one single-token label per option (A..Z) ({within} Jev's "
+                f"{JEV_MAX_OPTIONS}). Split the options over several questions",
+            )
+        return value
 
     @field_validator("criteria")
     @classmethod
@@ -151,22 +205,32 @@ class ChoiceQuestion(_QuestionBase):
         return tuple(self.criteria)
 
 
+def level_names(levels: Sequence[str | None]) -> tuple[str, ...]:
+    """The names of a score's levels: a null level is named by its 0-based position."""
+    return tuple(
+        NULL_LEVEL_NAME.format(i) if level is None else level for i, level in enumerate(levels)
+    )
+
+
 class ScoreQuestion(_QuestionBase):
     """Place the state on an ordered scale of 2..10 levels, lowest first."""
 
     type: Literal["score"]
-    criteria: list[str] = Field(
+    criteria: list[Content | None] = Field(
         min_length=MIN_LEVELS,
         max_length=MAX_LEVELS,
-        description="Level names, lowest first; numbered 1..n in results. Not blank, unique "
-        "ignoring case and surrounding space.",
+        description="Level names (text, JSON read as its text, or null), lowest first; "
+        'numbered 1..n in results. A null level is named "level <i>" with i its 0-based '
+        "position (its Jev score). Names are not blank and unique ignoring case and "
+        "surrounding space.",
     )
 
     @field_validator("criteria")
     @classmethod
-    def _check_levels(cls, value: list[str]) -> list[str]:
+    def _check_levels(cls, value: list[str | None]) -> list[str | None]:
         seen: dict[str, str] = {}
-        for level in value:
+        names = level_names(value)
+        for level in names:
             stripped = level.strip()
             if not stripped or has_control(level):
                 raise fail(
@@ -175,10 +239,11 @@ class ScoreQuestion(_QuestionBase):
                 )
             key = stripped.casefold()
             if key in seen:
+                null = " (a null level is named by its 0-based position)" if None in value else ""
                 raise fail(
                     ErrorCode.DUPLICATE_LEVEL,
                     f"level {level!r} repeats {seen[key]!r} (names are compared ignoring case "
-                    "and surrounding space)",
+                    f"and surrounding space){null}",
                 )
             seen[key] = level
         return value
@@ -189,7 +254,7 @@ class ScoreQuestion(_QuestionBase):
 
     @property
     def answers(self) -> tuple[str, ...]:
-        return tuple(self.criteria)
+        return level_names(self.criteria)
 
 
 Question = Annotated[YesNoQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
@@ -309,25 +374,6 @@ def _limits(info: ValidationInfo) -> Any:
     return info.context.get(LIMITS_CTX) if isinstance(info.context, dict) else None
 
 
-def _depth(value: object) -> int:
-    """Nesting depth of JSON containers (a scalar is 0, {} is 1), without recursion."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, level + 1)
-        if deepest > MAX_METADATA_DEPTH:
-            break
-        stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
 class ClassificationRequest(RequestModel):
     """One request: answer `questions` (or the configured `question_set`) about `state`."""
 
@@ -336,11 +382,22 @@ class ClassificationRequest(RequestModel):
         min_length=1,
         max_length=MAX_ID_CHARS,
         pattern=_ID_PATTERN,
-        description="Correlates the result with the request; no control characters.",
+        description="Correlates the result with the request; no control characters. May be "
+        "left out (as Jev's clients do): the worker then takes the record's key, else "
+        "<topic>-<partition>-<offset>, and the result's id_source says which.",
     )
-    state: str = Field(
-        description="The text the questions are about. Its length is limited by the worker's "
-        "parse limits (max_state_chars, 32000 characters by default)."
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_MODEL_CHARS,
+        pattern=_ID_PATTERN,
+        description="The model a Jev client asks for (e.g. jev-latest). Recorded in the "
+        "result as requested_model; the pipeline's engine answers whatever it names.",
+    )
+    state: Content = Field(
+        description="What the questions are about: text, or a JSON object or array (read as "
+        "its JSON text, as vLLM's decision reader writes it). Its length as text is limited "
+        "by the worker's parse limits (max_state_chars, 32000 characters by default)."
     )
     questions: (
         Annotated[
@@ -394,6 +451,13 @@ class ClassificationRequest(RequestModel):
         default_factory=dict,
         description="Anything; echoed untouched in the result (nesting depth at most 64).",
     )
+    # Not a field: set by `parse_request` when the id came from the record.
+    _id_source: IdSource = PrivateAttr(default="request")
+
+    @property
+    def id_source(self) -> IdSource:
+        """Where `id` came from: "request" (the body), "key" or "record" (see parse_request)."""
+        return self._id_source
 
     @field_validator("state")
     @classmethod
@@ -456,7 +520,7 @@ class ClassificationRequest(RequestModel):
     @field_validator("metadata")
     @classmethod
     def _check_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if _depth(value) > MAX_METADATA_DEPTH:
+        if json_depth(value, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
             raise fail(
                 ErrorCode.INVALID_METADATA,
                 f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep",

@@ -97,6 +97,15 @@ class Diagnostics(WireModel):
     timings: dict[str, float] = Field(
         default_factory=dict, description="Milliseconds, e.g. queue, engine, total."
     )
+    input_tokens: int = Field(
+        default=0, ge=0, description="Prompt tokens, summed over this request's reads."
+    )
+    output_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Canvas positions the model computed (template, end-of-turn and padding), "
+        "summed over this request's reads.",
+    )
 
 
 class ClassificationResult(WireModel):
@@ -104,6 +113,14 @@ class ClassificationResult(WireModel):
 
     schema_version: SchemaVersion = 1
     id: str = Field(description="The request's id.")
+    id_source: Literal["request", "key", "record"] = Field(
+        default="request",
+        description='Where the id came from: "request" (its body), "key" (the record\'s key: '
+        'the body had no id), "record" (<topic>-<partition>-<offset>: no id and no usable key).',
+    )
+    requested_model: str | None = Field(
+        default=None, description="The request's `model` (Jev's clients send one), or null."
+    )
     status: Literal["ok", "partial"] = Field(
         description='"partial": some questions have no answer in `answers`.'
     )

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from schemas import RequestError, parse_request
+from schemas import ClassificationResult, FallbackId, RequestError, parse_request, read_output
 
 
 class Refused(Exception):
@@ -116,12 +115,14 @@ def produce(args: argparse.Namespace) -> int:
             raw = line.encode()
             key = None
             if not args.no_validate:
-                parsed = parse_request(raw)
+                # A body without id (as Jev's clients send) is sent without a key: the
+                # worker then names it <topic>-<partition>-<offset>.
+                parsed = parse_request(raw, fallback_id=FallbackId(f"line-{n}", "record"))
                 if isinstance(parsed, RequestError):
                     refused += 1
                     print(f"line {n}: {parsed.code}: {parsed.message}", file=sys.stderr)
                     continue
-                key = parsed.id.encode()
+                key = parsed.id.encode() if parsed.id_source == "request" else None
             producer.send(args.topic, key=key, value=raw)
             sent += 1
             if sys.stderr.isatty() and sent % 100 == 0:
@@ -152,6 +153,11 @@ def _consumer(args: argparse.Namespace, conn: Any, topic: str) -> Any:
 
 def _answer_text(answer: dict[str, Any]) -> str:
     kind = answer.get("type")
+    if kind == "noul":  # Jev's shapes
+        return f"p_yes={answer['noul']:.2f}"
+    if kind == "score" and "score" in answer:
+        top = max(answer["probabilities"], key=answer["probabilities"].get)
+        return f"{answer['legend'][top]} score={answer['score']:.2f}"
     if kind == "yes_no":
         return f"{answer['label']} p_yes={answer['p_yes']:.2f}"
     if kind == "choice":
@@ -159,6 +165,10 @@ def _answer_text(answer: dict[str, Any]) -> str:
     if kind == "score":
         return f"{answer['level']} E={answer['expected_score']:.2f}"
     return f"skipped ({answer.get('reason', '')})"
+
+
+def _key(key: bytes | None) -> str:
+    return "(no key)" if key is None else key.decode("utf-8", "backslashreplace")
 
 
 def tail(args: argparse.Namespace) -> int:
@@ -172,11 +182,13 @@ def tail(args: argparse.Namespace) -> int:
                 print(rec.value.decode(), flush=True)
             else:
                 try:
-                    res = json.loads(rec.value)
+                    res = read_output(rec.value)
                     answers = "  ".join(
-                        f"{q}: {_answer_text(a)}" for q, a in res.get("answers", {}).items()
+                        f"{q}: {_answer_text(a.model_dump())}" for q, a in res.answers.items()
                     )
-                    print(f"{res.get('id')}  {answers}", flush=True)
+                    # Jev's shape has no id: the record's key names the request.
+                    rid = res.id if isinstance(res, ClassificationResult) else _key(rec.key)
+                    print(f"{rid}  {answers}", flush=True)
                 except (ValueError, KeyError, TypeError):
                     print(f"(not a result) {rec.value[:120]!r}", flush=True)
             if args.max and seen >= args.max:

@@ -226,6 +226,7 @@ class PipelineRunner:
             n, rf = s.topics.partitions, s.topics.replication_factor
             topics = dict.fromkeys(s.input_topics, n)
             topics.update({s.output_topic: n, s.dead_letter_topic: 1})
+            topics.update({r.topic: n for r in s.routes if r.topic not in topics})
             try:
                 ensure_topics(
                     self._admin_client(), topics, replication_factor=rf, timeout_s=_LAG_TIMEOUT_S

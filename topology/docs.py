@@ -22,7 +22,9 @@ INTRO = """# Configuration: the topology file
 
 A deployment is described by one YAML file (`dgstream run TOPOLOGY`). Examples:
 `topology/examples/moderation.yaml` (one GPU pipeline on vLLM) and
-`topology/examples/two-pipelines.yaml` (two CPU pipelines on a local broker).
+`topology/examples/two-pipelines.yaml` (two CPU pipelines on a local broker),
+`topology/examples/jev-routes.yaml` (Jev's bodies in, Jev's answers out, routed; on the
+demo model: `docs/jev.md`, `docs/routes.md`).
 Errors name the path of the bad field, e.g. `pipelines[0].replicas: min (3) must not
 exceed max (2)`. Secrets never go in the file: name an environment variable instead
 (`sasl_password_env`, `ssl_password_env`), set on every Ray node (docs/operations.md).
@@ -103,6 +105,7 @@ def _section(title: str, model: type[BaseModel], seen: set[str]) -> list[str]:
 
 def render() -> str:
     from topology.spec import KafkaSpec, PipelineSpec, RaySpec, Topology
+    from workers.routes import Route
 
     lines = [INTRO]
     seen = {"Topology", "KafkaSpec", "PipelineSpec", "RaySpec"}
@@ -110,6 +113,7 @@ def render() -> str:
     lines += _section("kafka", KafkaSpec, seen)
     lines += _section("ray", RaySpec, seen)
     lines += _section("pipelines[]", PipelineSpec, seen)
+    lines += _section("pipelines[].routes[]", Route, seen)
     lines += [
         "## `question_sets`",
         "",

@@ -23,9 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import Question
+from schemas import OutputFormat, Question
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.routes import Route, check_routes
 from workers.settings import Batching
 
 _TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
@@ -106,6 +107,12 @@ class PipelineSpec(_Frozen):
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
     static_membership: bool = False
+    # How results are written: "dgstream" (the result record) or "jev" (Jev's response
+    # shape, for consumers that are Jev clients). Dead letters are the same in both.
+    output_format: OutputFormat = "dgstream"
+    # In order: the first route whose `when` holds sends a result to its `topic`; results
+    # no route takes go to output_topic (docs/routes.md).
+    routes: list[Route] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _topics(self) -> PipelineSpec:
@@ -169,6 +176,15 @@ class Topology(_Frozen):
                 question_order(questions)
             except RequestRejected as exc:
                 raise ValueError(f"question_sets.{name}: {exc.error.message}") from exc
+        for i, p in enumerate(self.pipelines):
+            # With question sets, route ids and answers are checked against them.
+            sets = [self.question_sets[n] for n in p.question_sets] or None
+            try:
+                check_routes(
+                    p.routes, sets, forbidden_topics=[*p.input_topics, p.dead_letter_topic]
+                )
+            except ValueError as exc:
+                raise ValueError(f"pipelines[{i}].{exc}") from None
         return self
 
     def pipeline(self, name: str) -> PipelineSpec:

@@ -2,7 +2,8 @@
 dashboard) when the worker runs under Ray, and always a local copy that `status()` reports.
 
 Every series is tagged with `pipeline` and `worker`; dead letters add `code`, lag adds
-`partition` ("<topic>-<n>"). Outside Ray (`ray.is_initialized()` false: unit tests, the
+`partition` ("<topic>-<n>"), routed results add `route` (a route's name, "default" or
+"reply"). Outside Ray (`ray.is_initialized()` false: unit tests, the
 benchmark) only the local copy is kept, so nothing here needs a cluster.
 
 Each counter is written by one thread only (consumer thread or engine loop), so the local
@@ -12,6 +13,7 @@ copy needs no lock under the GIL; readers take a snapshot.
 from __future__ import annotations
 
 from collections import Counter as _Tally
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["WorkerMetrics"]
@@ -75,6 +77,7 @@ class WorkerMetrics:
         self.answered = 0
         self.dead_lettered = 0
         self.dead_letter_codes: _Tally[str] = _Tally()
+        self.routed: _Tally[str] = _Tally()
         self.batches = 0
         self.engine_calls = 0
         self.engine_seconds = 0.0
@@ -106,6 +109,13 @@ class WorkerMetrics:
                     "dgstream_dead_lettered",
                     "Records sent to the dead-letter topic, by error code.",
                     (*_BASE_TAGS, "code"),
+                )
+            ),
+            "routed": tagged(
+                Counter(
+                    "dgstream_routed",
+                    "Results produced, by the route that chose their topic.",
+                    (*_BASE_TAGS, "route"),
                 )
             ),
             "batches": tagged(Counter("dgstream_batches", "Micro-batches processed.", _BASE_TAGS)),
@@ -178,6 +188,14 @@ class WorkerMetrics:
             for s in e2e_seconds:
                 hist.observe(max(s, 0.0))
 
+    def record_routes(self, routes: Iterable[str]) -> None:
+        """The route of each result produced (`workers.routes.Router`'s match names)."""
+        tally = _Tally(routes)
+        self.routed.update(tally)
+        if self._ray:
+            for route, n in tally.items():
+                self._ray["routed"].inc(n, tags={"route": route})
+
     def set_in_flight(self, n: int) -> None:
         if n == self.in_flight:
             return
@@ -205,6 +223,7 @@ class WorkerMetrics:
             "answered": self.answered,
             "dead_lettered": self.dead_lettered,
             "dead_letter_codes": dict(self.dead_letter_codes),
+            "routed": dict(self.routed),
             "batches": self.batches,
             "engine_calls": self.engine_calls,
             "engine_seconds": round(self.engine_seconds, 6),

@@ -240,3 +240,59 @@ def test_engine_leaves_the_callers_autograd_alone(tiny_model_dir: Any) -> None:
     (w * 3).sum().backward()
     assert w.grad is not None and w.grad.tolist() == [3.0, 3.0]
     asyncio.run(engine.close())
+
+
+class _Watching:
+    """The real engine, with the reads it is given kept (to count their tokens)."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.engine = engine
+        self.reads: list[Read] = []
+
+    @property
+    def info(self) -> Any:
+        return self.engine.info
+
+    async def read(self, reads: Any) -> Any:
+        self.reads.extend(reads)
+        return await self.engine.read(reads)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_jev_body_is_answered_with_its_usage_counted(tiny_engine: Any, tiny_chat: Any) -> None:
+    from schemas import record_id, to_jev
+
+    body = {
+        "state": {"message": "FREE MONEY now", "links": ["http://x.com"]},
+        "model": "jev-latest",
+        "questions": {
+            "spam": {"type": "noul", "criteria": {"true": "advertising", "false": None}},
+            "tone": {"type": "choice", "criteria": {"calm": None, "angry": {"means": "hostile"}}},
+            "urgency": {"type": "score", "criteria": ["Can wait", None, "Now"]},
+        },
+        "samples": "auto",
+        "auto_threshold": 1e-3,
+        "auto_max": 3,
+    }
+    jev = parse_request(json.dumps(body).encode(), fallback_id=record_id(None, "in", 2, 7))
+    ours = _request("ours", "hello", "moderation", samples=2)
+    assert isinstance(jev, ClassificationRequest)
+    watching = _Watching(tiny_engine)
+    res, res2 = asyncio.run(Classifier(watching, tiny_chat).classify([jev, ours]))
+    assert not isinstance(res, RequestError) and not isinstance(res2, RequestError)
+    assert (res.id, res.id_source, res.requested_model) == ("in-2-7", "record", "jev-latest")
+    assert (res2.id_source, res2.requested_model) == ("request", None)
+    for result in (res, res2):
+        mine = [r for r in watching.reads if r.tag.startswith(f"{result.id}#")]
+        assert result.diagnostics.reads == len(mine) > 0
+        assert result.diagnostics.input_tokens == sum(len(r.prompt_ids) for r in mine)
+        assert result.diagnostics.output_tokens == sum(len(r.canvas_ids) for r in mine)
+    assert res.diagnostics.reads == 3  # auto with a tiny threshold reads up to auto_max
+    urgency = res.answers["urgency"]
+    assert urgency.legend == {"1": "Can wait", "2": "level 1", "3": "Now"}
+    out = to_jev(res)
+    assert out.usage.input_tokens == res.diagnostics.input_tokens
+    assert out.answers["urgency"].score == pytest.approx(urgency.expected_score - 1, abs=1e-6)
+    assert out.answers["spam"].noul == res.answers["spam"].p_yes

@@ -42,6 +42,7 @@ def record():
     m.record_batch(3)
     m.record_engine(0.1, 1)
     m.record_outputs(2, ["bad_json"], [0.5])
+    m.record_routes(["block", "default"])
     m.set_in_flight(1)
     m.set_lag({"t-0": 5})
     kwargs = {

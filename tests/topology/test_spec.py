@@ -63,6 +63,68 @@ def test_errors_name_the_field(edit: Any, path: str) -> None:
     assert path in str(info.value)
 
 
+def _routes(*specs: tuple[str, str, str]) -> list[dict[str, str]]:
+    return [{"name": n, "when": w, "topic": t} for n, w, t in specs]
+
+
+@pytest.mark.parametrize(
+    ("routes", "says"),
+    [
+        (
+            _routes(("block", "toxic.p_yes >= 1.5", "chat.block")),
+            "pipelines[0].routes[0] (block): when: toxic.p_yes >= 1.5 is never true",
+        ),
+        (
+            _routes(
+                ("block", "toxic.p_yes >= 0.9", "chat.block"),
+                ("review", "0.9 <= toxic.p_yes < 0.4", "chat.review"),
+            ),
+            "pipelines[0].routes[1] (review): when: never true: no value of toxic.p_yes",
+        ),
+        (
+            _routes(("lang", 'language.choice == "english"', "chat.en")),
+            "pipelines[0].routes[0] (lang): when: unknown question 'language'",
+        ),
+        (
+            _routes(("b", "toxic.level == 'x'", "chat.b")),
+            "level is a field of score questions and toxic is yes_no",
+        ),
+        (_routes(("b", "toxic.p_yes >=", "chat.b")), "route 'b': when: expected a value"),
+        (_routes(("b", "toxic.skipped", "chat.messages")), "is an input or dead-letter topic"),
+        (_routes(("b", "toxic.skipped", "chat.dead-letters")), "is an input or dead-letter"),
+        (_routes(("default", "toxic.skipped", "chat.b")), "reserved"),
+        (
+            _routes(("b", "toxic.skipped", "x"), ("b", "shouting.skipped", "y")),
+            "route names must be unique",
+        ),
+    ],
+)
+def test_bad_routes_are_refused_naming_the_route(routes: list[dict[str, str]], says: str) -> None:
+    data = _base()
+    data["pipelines"][0]["routes"] = routes
+    with pytest.raises(SpecError) as caught:
+        parse_topology(data)
+    assert says in str(caught.value)
+
+
+def test_routes_and_output_format_load() -> None:
+    data = _base()
+    data["pipelines"][0]["output_format"] = "jev"
+    data["pipelines"][0]["routes"] = _routes(
+        ("block", "toxic.p_yes >= 0.9", "chat.block"),
+        ("loud", "0.5 < shouting.p_yes and not toxic.p_yes > 0.9", "chat.loud"),
+    )
+    topo = parse_topology(data)
+    pipe = topo.pipelines[0]
+    assert pipe.output_format == "jev" and [r.topic for r in pipe.routes] == [
+        "chat.block",
+        "chat.loud",
+    ]
+    data["pipelines"][0]["output_format"] = "xml"
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.output_format"):
+        parse_topology(data)
+
+
 def test_secrets_are_named_never_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kafka section IS the connection settings, with the password by name: read from
     the environment where a client is built, never held by the topology."""
@@ -94,3 +156,33 @@ def test_configuration_page_is_up_to_date() -> None:
     from topology.docs import main
 
     assert main(["--check"]) == 0, "run: python -m topology.docs"
+
+
+def test_the_controller_creates_the_route_topics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller's topic setup (step 0 of its tick) with Kafka's admin call recorded:
+    route topics are made like the output topic."""
+    import workers.kafka_admin
+    from topology.controller import PipelineRunner
+
+    made: dict[str, int] = {}
+
+    def record(target: Any, topics: dict[str, int], **_: Any) -> dict[str, int]:
+        made.update(topics)
+        return {}
+
+    monkeypatch.setattr(workers.kafka_admin, "ensure_topics", record)
+    topo = load_topology(EXAMPLES / "jev-routes.yaml")
+    (spec,) = topo.pipelines
+    runner = PipelineRunner(topo, spec, topo.kafka, "spec-test")
+    runner._admin = object()  # never connects: the recorder ignores it
+    runner._adopted = True  # no Ray actors to look for
+    runner._setup()
+    assert runner.topics_ready, runner.setup_error
+    n = spec.topics.partitions
+    assert made == {
+        "jev.requests": n,
+        "jev.results": n,
+        "jev.dead-letters": 1,
+        "jev.block": n,
+        "jev.review": n,
+    }

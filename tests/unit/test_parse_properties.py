@@ -23,7 +23,9 @@ from schemas import (
     ErrorCode,
     ParseLimits,
     RequestError,
+    encode_output,
     parse_request,
+    record_id,
 )
 
 pytestmark = pytest.mark.unit
@@ -80,7 +82,7 @@ GOOD_BODY: dict[str, Any] = {
     "metadata": {"trace": "abc"},
 }
 # Where a hostile value may be put in a good request (every field the schema reads).
-PATHS: list[tuple[str, ...]] = [
+PATHS: list[tuple[str | int, ...]] = [
     ("id",),
     ("state",),
     ("questions",),
@@ -100,6 +102,34 @@ PATHS: list[tuple[str, ...]] = [
     ("metadata",),
     ("metadata", "trace"),
     ("schema_version",),
+    ("model",),
+    ("questions", "sev", "criteria", 0),
+    ("questions", "sev", "instructions"),
+]
+
+# A body as Jev's clients send it (no id, a model, JSON state, null criteria), read with
+# the record's id as the fallback.
+JEV_BODY: dict[str, Any] = {
+    "state": {"message": "you idiot!!!", "thread": [1, 2]},
+    "model": "jev-latest",
+    "questions": {
+        "toxic": {"type": "noul", "criteria": {"true": "insults", "false": None}},
+        "tone": {"type": "choice", "criteria": {"calm": None, "angry": {"means": "hostile"}}},
+        "sev": {"type": "score", "instructions": None, "criteria": ["none", None, "bad"]},
+    },
+}
+JEV_PATHS: list[tuple[str | int, ...]] = [
+    ("state",),
+    ("state", "message"),
+    ("model",),
+    ("questions", "toxic", "instructions"),
+    ("questions", "toxic", "criteria"),
+    ("questions", "toxic", "criteria", "true"),
+    ("questions", "tone", "criteria", "angry"),
+    ("questions", "tone", "instructions"),
+    ("questions", "sev", "criteria"),
+    ("questions", "sev", "criteria", 1),
+    ("id",),
 ]
 
 LIMITS = ParseLimits(max_message_bytes=4 << 20)
@@ -137,11 +167,14 @@ def _check_outcome(raw: bytes, outcome: object) -> None:
             reads=0, entropy={}, label_mass={}, model="m", engine="fake", worker="w"
         ),
         metadata=outcome.metadata,
+        requested_model=outcome.model,
+        id_source=outcome.id_source,
     )
     json.loads(result.model_dump_json().encode())
+    json.loads(encode_output(result, "jev"))
 
 
-def _put(body: Any, path: tuple[str, ...], value: Any) -> Any:
+def _put(body: Any, path: tuple[str | int, ...], value: Any) -> Any:
     body = json.loads(json.dumps(body))
     node = body
     for key in path[:-1]:
@@ -177,33 +210,61 @@ def test_deep_nesting(depth: int, leaf: Any, as_dict: bool, inside: str | None) 
 
 @PROPERTY
 @given(st.sampled_from(PATHS), HOSTILE)
-def test_good_request_with_one_hostile_field(path: tuple[str, ...], value: Any) -> None:
+def test_good_request_with_one_hostile_field(path: tuple[str | int, ...], value: Any) -> None:
     for raw in _encodings(_put(GOOD_BODY, path, value)):
         _check_outcome(raw, parse_request(raw, LIMITS))
 
 
+@PROPERTY
+@given(st.sampled_from(JEV_PATHS), HOSTILE, st.none() | st.binary(max_size=200))
+def test_jev_body_with_one_hostile_field(
+    path: tuple[str | int, ...], value: Any, key: bytes | None
+) -> None:
+    fallback = record_id(key, "jev.requests", 2, 99)
+    for raw in _encodings(_put(JEV_BODY, path, value)):
+        _check_outcome(raw, parse_request(raw, LIMITS, fallback_id=fallback))
+
+
+@PROPERTY
+@given(st.none() | st.binary(max_size=300), st.text(min_size=1, max_size=249), st.integers(0))
+def test_any_record_gives_a_usable_id(key: bytes | None, topic: str, offset: int) -> None:
+    """Whatever the key (and however long the topic), a Jev body gets an id it accepts."""
+    fallback = record_id(key, topic, 7, offset)
+    parsed = parse_request(json.dumps(JEV_BODY).encode(), LIMITS, fallback_id=fallback)
+    assert isinstance(parsed, ClassificationRequest), parsed
+    assert (parsed.id, parsed.id_source) == (fallback.value, fallback.source)
+    assert fallback.source == "key" or fallback.value.endswith(f"-7-{offset}")
+
+
 # Objects of a good request whose keys a producer chooses (or may misspell).
-KEYED: list[tuple[str, ...]] = [
-    (),
-    ("questions",),
-    ("questions", "toxic"),
-    ("questions", "topic", "criteria"),
-    ("metadata",),
+KEYED: list[tuple[str, tuple[str, ...]]] = [
+    ("ours", ()),
+    ("ours", ("questions",)),
+    ("ours", ("questions", "toxic")),
+    ("ours", ("questions", "topic", "criteria")),
+    ("ours", ("metadata",)),
+    ("jev", ()),
+    ("jev", ("state",)),
+    ("jev", ("questions", "toxic", "criteria")),
+    ("jev", ("questions", "tone", "criteria", "angry")),
 ]
 
 
 @PROPERTY
 @given(st.sampled_from(KEYED), ANY_TEXT, st.booleans())
-def test_hostile_key_anywhere(path: tuple[str, ...], key: str, rename: bool) -> None:
-    """A hostile text as a key: a question id, an option name, a metadata key, ..."""
-    body = json.loads(json.dumps(GOOD_BODY))
+def test_hostile_key_anywhere(where: tuple[str, tuple[str, ...]], key: str, rename: bool) -> None:
+    """A hostile text as a key: a question id, an option name, a metadata key, a key inside
+    a JSON state or description, ..."""
+    which, path = where
+    body = json.loads(json.dumps(GOOD_BODY if which == "ours" else JEV_BODY))
     node = body
     for k in path:
         node = node[k]
     first = next(iter(node))
     node[key] = node.pop(first) if rename else node[first]
+    fallback = None if which == "ours" else record_id(b"k", "t", 0, 1)
     for raw in _encodings(body):
-        _check_outcome(raw, parse_request(raw, LIMITS))
+        _check_outcome(raw, parse_request(raw, LIMITS, fallback_id=fallback))
 
 
 SURROGATE_FIELDS = [
@@ -211,19 +272,21 @@ SURROGATE_FIELDS = [
     ("state",),
     ("questions", "toxic", "instructions"),
     ("questions", "topic", "criteria", "sport"),
+    ("questions", "sev", "criteria", 1),
     ("metadata", "trace"),
     ("reply_topic",),
+    ("model",),
 ]
 
 
-@pytest.mark.parametrize("path", SURROGATE_FIELDS, ids=".".join)
+@pytest.mark.parametrize("path", SURROGATE_FIELDS, ids=lambda p: ".".join(map(str, p)))
 @pytest.mark.parametrize("char", ["\ud800", "\udfff", "a\udc00b"])
-def test_lone_surrogate_is_refused_naming_the_field(path: tuple[str, ...], char: str) -> None:
+def test_lone_surrogate_is_refused_naming_the_field(path: tuple[str | int, ...], char: str) -> None:
     raw = json.dumps(_put(GOOD_BODY, path, char)).encode()
     err = parse_request(raw)
     assert isinstance(err, RequestError)
     assert err.code is ErrorCode.INVALID_UNICODE
-    assert err.field == ".".join(path)
+    assert err.field == ".".join(map(str, path))
     assert err.field in err.message
 
 

@@ -15,7 +15,12 @@ from schemas.export import JSON_DIR, main, render
 
 pytestmark = pytest.mark.unit
 
-NAMES = ("request.schema.json", "result.schema.json", "dead_letter.schema.json")
+NAMES = (
+    "request.schema.json",
+    "result.schema.json",
+    "dead_letter.schema.json",
+    "jev_result.schema.json",
+)
 
 
 @pytest.mark.parametrize("name", NAMES)

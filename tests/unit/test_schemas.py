@@ -23,6 +23,7 @@ from schemas import (
     DeadLetter,
     Diagnostics,
     ErrorCode,
+    FallbackId,
     ParseLimits,
     RequestError,
     RequestRejected,
@@ -33,6 +34,7 @@ from schemas import (
     YesNoQuestion,
     parse_request,
     question_order,
+    record_id,
     request_id_hint,
 )
 
@@ -262,10 +264,10 @@ BAD = [
         "question-not-object", request({"toxic": "Is it toxic?"}), E.WRONG_TYPE, "questions.toxic"
     ),
     _bad(
-        "question-missing-instructions",
-        request({"t": {"type": "yes_no"}}),
+        "choice-missing-criteria",
+        request({"t": {"type": "choice", "instructions": "?"}}),
         E.MISSING_FIELD,
-        "questions.t.instructions",
+        "questions.t.criteria",
     ),
     _bad(
         "unknown-question-field",
@@ -442,6 +444,86 @@ BAD = [
         request({"spam": yes_no(), "t": yes_no(ask_if={"spam": []})}),
         E.INVALID_ASK_IF_VALUE,
         "questions.t.ask_if.spam",
+    ),
+    # Jev's forms, where they still cannot be answered
+    _bad(
+        "noul-without-instructions-or-outcome",
+        request({"t": {"type": "noul"}}),
+        E.EMPTY_INSTRUCTIONS,
+        "questions.t.instructions",
+    ),
+    _bad(
+        "noul-null-instructions-null-outcomes",
+        request({"t": yes_no(instructions=None, criteria={"true": None, "false": None})}),
+        E.EMPTY_INSTRUCTIONS,
+        "questions.t.instructions",
+    ),
+    _bad(
+        "instructions-number",
+        request({"t": yes_no(instructions=3)}),
+        E.WRONG_TYPE,
+        "questions.t.instructions",
+    ),
+    _bad(
+        "instructions-json-too-long-as-text",
+        request({"t": yes_no(instructions={"task": "x" * 1990})}),
+        E.INSTRUCTIONS_TOO_LONG,
+        "questions.t.instructions",
+    ),
+    _bad(
+        "instructions-json-too-deep",
+        request({"t": yes_no(instructions=nested(65))}),
+        E.INVALID_VALUE,
+        "questions.t.instructions",
+    ),
+    _bad(
+        "state-json-over-limit-as-text",
+        request(state={"m": "x" * 4}),
+        E.STATE_TOO_LARGE,
+        "state",
+        ParseLimits(max_state_chars=10),
+    ),
+    _bad("state-json-too-deep", request(state=nested(65)), E.INVALID_VALUE, "state"),
+    _bad("state-boolean", request(state=True), E.WRONG_TYPE, "state"),
+    _bad("model-number", request(model=4), E.WRONG_TYPE, "model"),
+    _bad("model-empty", request(model=""), E.INVALID_VALUE, "model"),
+    _bad("model-129-chars", request(model="m" * 129), E.INVALID_VALUE, "model"),
+    _bad("model-newline", request(model="jev\nlatest"), E.INVALID_VALUE, "model"),
+    _bad(
+        "choice-255-options-as-jev-allows",
+        request({"topic": choice(255)}),
+        E.TOO_MANY_OPTIONS,
+        "questions.topic.criteria",
+    ),
+    _bad(
+        "choice-description-too-deep",
+        request({"topic": choice(criteria={"a": nested(65), "b": None})}),
+        E.INVALID_VALUE,
+        "questions.topic.criteria.a",
+    ),
+    _bad(
+        "noul-criteria-number",
+        request({"t": yes_no(criteria={"true": 1})}),
+        E.WRONG_TYPE,
+        "questions.t.criteria.true",
+    ),
+    _bad(
+        "score-null-level-named-like-another",
+        request({"sev": score(["level 1", None])}),
+        E.DUPLICATE_LEVEL,
+        "questions.sev.criteria",
+    ),
+    _bad(
+        "score-level-named-like-a-null-one",
+        request({"sev": score([None, "Level 0"])}),
+        E.DUPLICATE_LEVEL,
+        "questions.sev.criteria",
+    ),
+    _bad(
+        "score-json-levels-equal-as-text",
+        request({"sev": score([{"a": 1}, '{"a": 1}'])}),
+        E.DUPLICATE_LEVEL,
+        "questions.sev.criteria",
     ),
 ]
 
@@ -648,6 +730,204 @@ def test_limits_without_parse_context_and_limit_bounds() -> None:
 def test_str_input_is_accepted_as_utf8() -> None:
     parsed = parse_request(json.dumps(request()))  # type: ignore[arg-type]  # on purpose
     assert isinstance(parsed, ClassificationRequest)
+
+
+# --- Jev's request bodies -----------------------------------------------------------------------
+
+
+def jev_body(**fields: Any) -> dict[str, Any]:
+    """A body as Jev's clients send `POST /v1/systemone`: no id, a model."""
+    body: dict[str, Any] = {
+        "state": "I was charged twice. Please help.",
+        "model": "jev-latest",
+        "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}},
+    }
+    body.update(fields)
+    return body
+
+
+KEYED = FallbackId("order-17", "key")
+
+# (body, what the parsed request reads as: a path into the model -> its text)
+JEV_GOOD = [
+    pytest.param(jev_body(), {"id": "order-17", "model": "jev-latest"}, id="plain"),
+    pytest.param(
+        jev_body(state={"message": "Please help.", "subject": "Duplicate charge", "n": [1, 2.5]}),
+        {"state": '{"message": "Please help.", "subject": "Duplicate charge", "n": [1, 2.5]}'},
+        id="state-object",
+    ),
+    pytest.param(
+        jev_body(state=["ünï", {"k": None}, True]),
+        {"state": '["ünï", {"k": null}, true]'},
+        id="state-array-not-ascii-escaped",
+    ),
+    pytest.param(
+        jev_body(questions={"b": {"type": "noul", "instructions": {"task": "billing?"}}}),
+        {"questions.b.instructions": '{"task": "billing?"}'},
+        id="instructions-json",
+    ),
+    pytest.param(
+        jev_body(questions={"b": {"type": "noul", "criteria": {"true": "Unsolicited ads"}}}),
+        {"questions.b.instructions": None, "questions.b.criteria.true": "Unsolicited ads"},
+        id="noul-no-instructions-described-outcome",
+    ),
+    pytest.param(
+        jev_body(
+            questions={
+                "b": {
+                    "type": "noul",
+                    "instructions": None,
+                    "criteria": {"true": ["ads", "links"], "false": None},
+                }
+            }
+        ),
+        {"questions.b.criteria.true": '["ads", "links"]', "questions.b.criteria.false": None},
+        id="noul-null-instructions-json-outcome",
+    ),
+    pytest.param(
+        jev_body(
+            questions={
+                "tone": {
+                    "type": "choice",
+                    "criteria": {"calm": None, "angry": {"means": "hostile"}},
+                }
+            }
+        ),
+        {
+            "questions.tone.instructions": None,
+            "questions.tone.criteria.angry": '{"means": "hostile"}',
+        },
+        id="choice-without-instructions",
+    ),
+    pytest.param(
+        jev_body(
+            questions={
+                "urgency": {
+                    "type": "score",
+                    "instructions": "How urgent?",
+                    "criteria": ["Can wait", None, {"level": "today"}, None],
+                }
+            }
+        ),
+        {"questions.urgency.answers": ("Can wait", "level 1", '{"level": "today"}', "level 3")},
+        id="score-null-and-json-levels",
+    ),
+    pytest.param(
+        jev_body(questions={"c": choice(26), "s": score([f"L{i}" for i in range(10)])}),
+        {"questions.c.answers": tuple(f"Option {i}" for i in range(26))},
+        id="26-options-10-levels",
+    ),
+    pytest.param(
+        jev_body(id="mine", samples=3, metadata={"t": 1}),
+        {"id": "mine", "id_source": "request", "samples": 3},
+        id="project-fields-and-own-id",
+    ),
+]
+
+
+def _at(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize(("body", "reads"), JEV_GOOD)
+def test_jev_body_is_accepted_unchanged(body: dict[str, Any], reads: dict[str, Any]) -> None:
+    parsed = parse_request(enc(body), fallback_id=KEYED)
+    assert isinstance(parsed, ClassificationRequest), parsed
+    for path, value in reads.items():
+        assert _at(parsed, path) == value, path
+    if "id" not in body:
+        assert parsed.id == "order-17" and parsed.id_source == "key"
+    # What was read is a plain request: written in our own form, it reads back the same.
+    again = parse_request(parsed.model_dump_json().encode())
+    assert isinstance(again, ClassificationRequest)
+    assert again.model_dump() == parsed.model_dump() and again.id_source == "request"
+
+
+def test_state_renders_as_vllms_reader_and_the_limit_counts_its_text() -> None:
+    state = {"msg": "naïve — ok", "list": [1, None, {"x": "y"}]}
+    text = json.dumps(state, ensure_ascii=False)
+    parsed = parse_request(enc(jev_body(state=state)), fallback_id=KEYED)
+    assert isinstance(parsed, ClassificationRequest) and parsed.state == text
+    exact = ParseLimits(max_state_chars=len(text))
+    assert isinstance(
+        parse_request(enc(jev_body(state=state)), exact, fallback_id=KEYED), ClassificationRequest
+    )
+    short = ParseLimits(max_state_chars=len(text) - 1)
+    err = parse_request(enc(jev_body(state=state)), short, fallback_id=KEYED)
+    assert isinstance(err, RequestError) and err.code is E.STATE_TOO_LARGE
+
+
+def test_without_a_fallback_a_missing_id_is_still_refused() -> None:
+    err = parse_request(enc(jev_body()))
+    assert isinstance(err, RequestError)
+    assert (err.code, err.field) == (E.MISSING_FIELD, "id")
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (b"order-17", FallbackId("order-17", "key")),
+        ("名前-✓".encode(), FallbackId("名前-✓", "key")),
+        (b"k" * 128, FallbackId("k" * 128, "key")),
+        (None, FallbackId("in.jev-3-42", "record")),
+        (b"", FallbackId("in.jev-3-42", "record")),
+        (b"\xff\xfe", FallbackId("in.jev-3-42", "record")),
+        (b"a\nb", FallbackId("in.jev-3-42", "record")),
+        (b"k" * 129, FallbackId("in.jev-3-42", "record")),
+        (b"\xed\xa0\x80", FallbackId("in.jev-3-42", "record")),  # a surrogate, not UTF-8
+    ],
+)
+def test_record_id_takes_a_valid_key_else_topic_partition_offset(
+    key: bytes | None, expected: FallbackId
+) -> None:
+    got = record_id(key, "in.jev", 3, 42)
+    assert got == expected
+    parsed = parse_request(enc(jev_body()), fallback_id=got)
+    assert isinstance(parsed, ClassificationRequest)
+    assert (parsed.id, parsed.id_source) == (expected.value, expected.source)
+
+
+def test_record_id_of_a_long_topic_fits_and_stays_distinct() -> None:
+    a, b = "t" * 240 + "a", "t" * 240 + "b"
+    ida, idb = record_id(None, a, 11, 2**62), record_id(None, b, 11, 2**62)
+    assert len(ida.value) <= 128 and ida.value.endswith(f"-11-{2**62}")
+    assert ida != idb and record_id(None, a, 11, 2**62) == ida
+    assert isinstance(parse_request(enc(jev_body()), fallback_id=ida), ClassificationRequest)
+
+
+def test_a_dead_letter_of_a_body_without_id_takes_the_records_id() -> None:
+    raw = enc(jev_body(questions={"b": {"type": "noul"}}))
+    err = parse_request(raw, fallback_id=KEYED)
+    assert isinstance(err, RequestError) and err.code is E.EMPTY_INSTRUCTIONS
+    letter = DeadLetter.build(err, raw, "in", 0, 5, b"order-17", fallback_id=KEYED.value)
+    assert letter.request_id == "order-17" and letter.original_bytes() == raw
+    with_id = DeadLetter.build(err, enc(jev_body(id="own")), "in", 0, 6, fallback_id="x")
+    assert with_id.request_id == "own"
+
+
+def test_too_many_options_says_why_and_what_jev_takes() -> None:
+    for n in (27, 255, 300):
+        err = parse_request(enc(request({"topic": choice(n)})))
+        assert isinstance(err, RequestError) and err.code is E.TOO_MANY_OPTIONS
+        assert f"{n} options" in err.message and "26" in err.message and "255" in err.message
+
+
+def test_null_levels_are_named_and_usable_in_ask_if() -> None:
+    body = request(
+        {
+            "sev": score(["none", None, "bad"]),
+            "why": yes_no(ask_if={"sev": ["level 1", "bad"]}),
+        }
+    )
+    parsed = parse_request(enc(body))
+    assert isinstance(parsed, ClassificationRequest) and parsed.questions is not None
+    assert parsed.questions["sev"].answers == ("none", "level 1", "bad")
+    bad = parse_request(
+        enc(request({"sev": score([None, None]), "w": yes_no(ask_if={"sev": ["level 2"]})}))
+    )
+    assert isinstance(bad, RequestError) and bad.code is E.INVALID_ASK_IF_VALUE
 
 
 # --- question order ---------------------------------------------------------------------------

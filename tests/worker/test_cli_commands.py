@@ -99,3 +99,70 @@ def test_bench_runs_and_reports_ratios(pipeline: Pipeline) -> None:
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "stream worker" in out.stdout and "plain" in out.stdout
+
+
+def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline) -> None:
+    """Jev's bodies have no id: produce accepts them and sends them without a key (the
+    worker names them by topic-partition-offset); tail shows a Jev-format result under its
+    record's key."""
+    from kafka import KafkaProducer
+
+    from schemas import JevResponse
+
+    boot = ",".join(pipeline.conn.bootstrap_servers)
+    examples = Path(__file__).resolve().parents[2] / "topology" / "examples"
+    jsonl = examples / "jev-requests.jsonl"
+    n = len(jsonl.read_text(encoding="utf-8").splitlines())
+    out = run_cli("produce", pipeline.input, str(jsonl), "--bootstrap", boot)
+    assert out.returncode == 0 and f"sent {n}, refused 0" in out.stdout, out.stderr
+    sent = OutputReader(pipeline.conn, pipeline.input, False)
+    try:
+        sent.read_until(lambda r: len(r.records) >= n, 30, "the Jev bodies")
+        assert all(r.key is None for r in sent.records)
+        assert sorted(r.value for r in sent.records) == sorted(
+            line.encode() for line in jsonl.read_text(encoding="utf-8").splitlines()
+        )
+    finally:
+        sent.close()
+
+    jev = JevResponse.model_validate(
+        {
+            "model": "demo",
+            "answers": {
+                "insult": {"type": "noul", "noul": 0.97},
+                "language": {
+                    "type": "choice",
+                    "choice": "english",
+                    "confidence": 0.9,
+                    "probabilities": {"english": 0.9, "french": 0.1},
+                },
+                "sev": {
+                    "type": "score",
+                    "score": 1.8,
+                    "confidence": 0.8,
+                    "probabilities": {"0": 0.0, "1": 0.2, "2": 0.8},
+                    "legend": {"0": "none", "1": "mild", "2": "bad"},
+                },
+            },
+            "usage": {"input_tokens": 10, "output_tokens": 16},
+        }
+    )
+    producer = KafkaProducer(acks="all", **pipeline.conn.client_kwargs())
+    try:
+        value = jev.model_dump_json().encode()
+        producer.send(pipeline.output, key=b"order-17", value=value).get(timeout=60)
+    finally:
+        producer.close()
+    out = run_cli("tail", pipeline.output, "--from-beginning", "--max", "1", "--bootstrap", boot)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "order-17",
+        "insult:",
+        "p_yes=0.97",
+        "language:",
+        "english",
+        "(0.90)",
+        "sev:",
+        "bad",
+        "score=1.80",
+    ]

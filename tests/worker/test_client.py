@@ -4,7 +4,9 @@ refusal by the pipeline (through the dead-letter topic)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -68,3 +70,61 @@ def test_request_refused_by_the_pipeline_fails_with_its_code(
     assert json.loads(letter.original_bytes())["reply_topic"] == client.reply_topic
     assert letter.source.partition == other_meta.partition
     assert letter.source.offset > other_meta.offset
+
+
+def _reply_as(pipeline: Pipeline, formats: dict[str, str]) -> None:
+    """Answer the requests on the input topic as pipelines would, request id -> output
+    format: each reply on its request's reply topic, keyed like the request (the classifier
+    on the fake engine), after the same reply keyed for someone else."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from transformers import AutoTokenizer
+
+    from schemas import ClassificationRequest, encode_output, parse_request, record_id
+    from workers.engine.classifier import Classifier
+    from workers.engine.fake import FakeEngine
+    from workers.engine.models import TRAINED_DIRS
+    from workers.engine.template import ChatFormat
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"])))
+    classifier = Classifier(FakeEngine(canvas_length=256), chat)
+    consumer = KafkaConsumer(enable_auto_commit=False, **pipeline.conn.client_kwargs())
+    producer = KafkaProducer(acks="all", **pipeline.conn.client_kwargs())
+    parts = [
+        TopicPartition(pipeline.input, p) for p in consumer.partitions_for_topic(pipeline.input)
+    ]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    try:
+        pending = dict(formats)
+        while pending:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for rec in records:
+                    fallback = record_id(rec.key, tp.topic, tp.partition, rec.offset)
+                    req = parse_request(rec.value, fallback_id=fallback)
+                    assert isinstance(req, ClassificationRequest) and req.reply_topic
+                    (res,) = asyncio.run(classifier.classify([req]))
+                    value = encode_output(res, pending.pop(req.id))  # type: ignore[arg-type]
+                    producer.send(req.reply_topic, key=b"someone-else", value=value)
+                    producer.send(req.reply_topic, key=rec.key, value=value)
+            producer.flush()
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def test_replies_in_either_output_format_are_read(pipeline: Pipeline) -> None:
+    from dgstream import ClassificationResult, JevResponse
+
+    with Client(pipeline.conn, pipeline.input, timeout_s=60) as client:
+        jev = client.submit("hello there", QUESTIONS, id="jev-1")
+        ours = client.submit("hello again", QUESTIONS, id="ours-1")
+        replier = threading.Thread(
+            target=_reply_as, args=(pipeline, {"jev-1": "jev", "ours-1": "dgstream"}), daemon=True
+        )
+        replier.start()
+        a, b = jev.result(timeout=60), ours.result(timeout=60)
+        replier.join(timeout=30)
+    assert isinstance(a, JevResponse) and isinstance(b, ClassificationResult)
+    assert set(a.answers) == set(b.answers) == {"toxic", "kind"}
+    assert a.answers["toxic"].type == "noul" and a.usage.input_tokens > 0
+    assert b.id == "ours-1"

@@ -119,7 +119,10 @@ def test_worker_metrics_are_local_outside_ray() -> None:
     m.record_outputs(3, ["INVALID_JSON", "INVALID_JSON"], [0.1, 0.2])
     m.set_in_flight(1)
     m.set_lag({"t-0": 4})
+    m.record_routes(["block", "default", "block"])
+    m.record_routes([])
     snap = m.snapshot()
+    assert snap["routed"] == {"block": 2, "default": 1}
     assert snap["consumed"] == 5 and snap["batches"] == 1 and snap["engine_calls"] == 2
     assert snap["answered"] == 3 and snap["dead_lettered"] == 2
     assert snap["dead_letter_codes"] == {"INVALID_JSON": 2}

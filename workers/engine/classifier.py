@@ -80,6 +80,8 @@ class _Job:
     entropy: dict[str, float] = field(default_factory=dict)
     label_mass: dict[str, float | None] = field(default_factory=dict)
     reads: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
     engine_ms: float = 0.0
     error: RequestError | None = None
 
@@ -188,18 +190,19 @@ class Classifier:
             want = self._n_reads(job) if first_round else self._auto_max(job)
             for k in range(have, want):
                 seed = noise_seed(self.settings.seed, job.request.id, chunk.layout.qids, k)
-                reads.append(
-                    make_read(
-                        self.chat,
-                        chunk.layout,
-                        chunk.system,
-                        chunk.user,
-                        seed=seed,
-                        tag=f"{job.request.id}#{k}",
-                    )
+                read = make_read(
+                    self.chat,
+                    chunk.layout,
+                    chunk.system,
+                    chunk.user,
+                    seed=seed,
+                    tag=f"{job.request.id}#{k}",
                 )
+                reads.append(read)
                 owners.append(chunk)
                 job.reads += 1
+                job.input_tokens += len(read.prompt_ids)
+                job.output_tokens += len(read.canvas_ids)
         if not reads:
             return
         t0 = time.perf_counter()
@@ -234,6 +237,8 @@ class Classifier:
         info = self.engine.info
         return ClassificationResult(
             id=job.request.id,
+            id_source=job.request.id_source,
+            requested_model=job.request.model,
             status="ok",
             answers={qid: job.answers[qid] for qid in job.questions},
             diagnostics=Diagnostics(
@@ -244,6 +249,8 @@ class Classifier:
                 engine=info.backend,
                 worker=self.settings.worker,
                 timings={"engine_ms": round(job.engine_ms, 3), "batch_ms": round(total_ms, 3)},
+                input_tokens=job.input_tokens,
+                output_tokens=job.output_tokens,
             ),
             metadata=job.request.metadata,
         )

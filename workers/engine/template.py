@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 # Canvas widths are multiples of 16 (the issue's rule; it also keeps batch shapes few).
 CANVAS_QUANTUM = 16
 _LETTERS = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+# A score level given as null is named by its 0-based position, as `schemas` names it.
+_NULL_LEVEL = "level {}"
 
 
 def question_kind(question: Any) -> str:
@@ -49,7 +51,10 @@ def labels_and_answers(question: Any) -> tuple[tuple[str, ...], tuple[str, ...]]
     if kind == "choice":
         names = tuple(question.criteria.keys())
         return tuple(_LETTERS[: len(names)]), names
-    levels = tuple(question.criteria)
+    levels = tuple(
+        _NULL_LEVEL.format(i) if level is None else level
+        for i, level in enumerate(question.criteria)
+    )
     # 1..9 then letters: "9" is the last one-character digit.
     labels = tuple(str(i + 1) if i < 9 else _LETTERS[i - 9] for i in range(len(levels)))
     return labels, levels
@@ -58,7 +63,16 @@ def labels_and_answers(question: Any) -> tuple[tuple[str, ...], tuple[str, ...]]
 # --------------------------------------------------------------------------- texts
 
 
+def _heading(qid: str, what: str, instructions: str | None) -> str:
+    # Without instructions (a Jev question may leave them out) the heading stands alone.
+    head = f"Question {qid} ({what})"
+    return head if instructions is None else f"{head}: {instructions}"
+
+
 def system_text(questions: Mapping[str, Any]) -> str:
+    """The questions as the model reads them. The demo model was trained on this text: a
+    request that could be written before (instructions and level names all text) must keep
+    getting the same bytes."""
     lines = [
         "You answer questions about the user's message.",
         "Answer every question on its own line as `id: label`, using only the labels given.",
@@ -68,21 +82,22 @@ def system_text(questions: Mapping[str, Any]) -> str:
         kind = question_kind(q)
         labels, answers = labels_and_answers(q)
         if kind == "yes_no":
-            lines.append(f"Question {qid} (yes/no): {q.instructions}")
+            lines.append(_heading(qid, "yes/no", q.instructions))
             crit = q.criteria
             if crit is not None and crit.true:
                 lines.append(f"  yes: {crit.true}")
             if crit is not None and crit.false:
                 lines.append(f"  no: {crit.false}")
         elif kind == "choice":
-            lines.append(f"Question {qid} (choice): {q.instructions}")
+            lines.append(_heading(qid, "choice", q.instructions))
             for label, name in zip(labels, answers, strict=True):
                 desc = q.criteria[name]
                 lines.append(f"  {label}: {name}" + (f" - {desc}" if desc else ""))
         else:
-            lines.append(f"Question {qid} (score, {labels[0]} = lowest): {q.instructions}")
-            for label, level in zip(labels, answers, strict=True):
-                lines.append(f"  {label}: {level}")
+            lines.append(_heading(qid, f"score, {labels[0]} = lowest", q.instructions))
+            for label, level, given in zip(labels, answers, q.criteria, strict=True):
+                # A null level has no words to show: its label alone marks the step.
+                lines.append(f"  {label}" if given is None else f"  {label}: {level}")
         lines.append(f"  Labels: {', '.join(labels)}")
     return "\n".join(lines)
 

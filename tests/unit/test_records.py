@@ -1,0 +1,145 @@
+"""Output records keep the input's key and headers (ours win a collision)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas import ClassificationResult, JevResponse, read_output
+from workers.records import OWN_HEADERS, output_headers, output_key, result_record
+from workers.routes import Route, Router
+
+pytestmark = pytest.mark.unit
+
+TRACE = ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+CLOUDEVENT = [
+    ("ce_specversion", b"1.0"),
+    ("ce_id", b"evt-42"),
+    ("ce_source", b"/shop/orders"),
+    ("ce_type", b"com.example.order.created"),
+    ("content-type", b"application/json"),
+]
+OURS = [("schema_version", b"1"), ("model", b"demo"), ("worker", b"moderation-0")]
+
+
+@pytest.mark.parametrize(
+    ("key", "rid", "expected"),
+    [
+        (b"order-17", "req-1", b"order-17"),
+        (b"\xff\x00binary", "req-1", b"\xff\x00binary"),
+        (b"", "req-1", b""),  # an empty key is a key (it has its partition)
+        (None, "req-1", b"req-1"),
+        (None, "réq-✓", "réq-✓".encode()),
+        (None, None, None),
+    ],
+)
+def test_key_is_the_inputs_else_the_request_id(
+    key: bytes | None, rid: str | None, expected: bytes | None
+) -> None:
+    assert output_key(key, rid) == expected
+
+
+def test_trace_and_cloudevents_headers_are_copied_before_ours() -> None:
+    inputs = [TRACE, ("tracestate", b"congo=t61rcWkgMzE"), *CLOUDEVENT, ("x-tenant", b"\x00\xff")]
+    out = output_headers(inputs, OURS)
+    assert out == [*inputs, *OURS]
+
+
+def test_repeats_and_order_are_kept_and_null_values_become_empty() -> None:
+    inputs: list[tuple[str, Any]] = [("x", b"1"), ("y", None), ("x", b"2"), ("x", bytearray(b"3"))]
+    out = output_headers(inputs, [])
+    assert out == [("x", b"1"), ("y", b""), ("x", b"2"), ("x", b"3")]
+    assert all(type(v) is bytes for _, v in out)
+
+
+def test_ours_win_a_collision_ignoring_case() -> None:
+    inputs = [
+        ("model", b"upstream-model"),
+        ("Worker", b"upstream-0"),
+        ("error_code", b"OLD"),
+        ("route", b"upstream-route"),
+        TRACE,
+        ("my-own", b"kept"),
+    ]
+    out = output_headers(inputs, [*OURS, ("my-own", b"ours")])
+    names = [n for n, _ in out]
+    assert names == ["traceparent", "schema_version", "model", "worker", "my-own"]
+    assert dict(out)["model"] == b"demo" and dict(out)["my-own"] == b"ours"
+    # Our names are dropped from the input even where this record does not write them.
+    assert output_headers([("error_code", b"X"), TRACE], OURS) == [TRACE, *OURS]
+    assert {"schema_version", "model", "worker", "error_code"} <= OWN_HEADERS
+
+
+def test_no_input_headers() -> None:
+    assert output_headers(None, OURS) == OURS
+    assert output_headers([], []) == []
+
+
+def _result(p_yes: float) -> ClassificationResult:
+    return ClassificationResult.model_validate(
+        {
+            "id": "in-0-7",
+            "id_source": "record",
+            "status": "ok",
+            "answers": {
+                "toxic": {
+                    "type": "yes_no",
+                    "p_yes": p_yes,
+                    "label": "yes" if p_yes >= 0.5 else "no",
+                    "confidence": max(p_yes, 1 - p_yes),
+                }
+            },
+            "diagnostics": {
+                "reads": 1,
+                "entropy": {},
+                "label_mass": {},
+                "model": "demo",
+                "engine": "e",
+                "worker": "w",
+            },
+        }
+    )
+
+
+ROUTER = Router([Route(name="block", when="toxic.p_yes >= 0.9", topic="mod.block")], "mod.out")
+
+
+@pytest.mark.parametrize(
+    ("p_yes", "reply", "key", "expected"),
+    [
+        (0.95, None, b"k", ("mod.block", b"k", "block")),
+        (0.2, None, None, ("mod.out", b"in-0-7", "default")),
+        (0.95, "client.replies", None, ("client.replies", b"in-0-7", "reply")),
+    ],
+)
+def test_result_record_routes_keys_and_formats(
+    p_yes: float, reply: str | None, key: bytes | None, expected: tuple[str, bytes, str]
+) -> None:
+    rec = result_record(
+        _result(p_yes),
+        router=ROUTER,
+        output_format="jev",
+        reply_topic=reply,
+        input_key=key,
+        input_headers=[TRACE, ("route", b"upstream")],
+        ours=OURS,
+    )
+    assert (rec.topic, rec.key, rec.route) == expected
+    assert isinstance(read_output(rec.value), JevResponse)
+    assert rec.headers == [
+        TRACE,
+        *OURS,
+        ("output_format", b"jev"),
+        ("route", expected[2].encode()),
+    ]
+    ours = result_record(
+        _result(p_yes),
+        router=ROUTER,
+        output_format="dgstream",
+        reply_topic=reply,
+        input_key=key,
+        input_headers=None,
+        ours=OURS,
+    )
+    assert read_output(ours.value) == _result(p_yes)
