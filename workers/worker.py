@@ -17,7 +17,8 @@ The busy loop, one micro-batch at a time (numbers match the comments below):
  1. Settle: take the batches whose outputs are all acknowledged, advance each partition's
     contiguous done prefix, commit `last offset + 1` of it (the outputs are flushed first:
     a batch is done only once the broker acknowledged every output). Exactly-once: commit
-    the transaction with those offsets in it instead.
+    the transaction with those offsets in it instead. The tracking is
+    `workers.commit.OffsetTracker`, the commit itself a committer of `workers.commit`.
  2. Control: a fatal error stops the loop (nothing more is committed); `stop()` leaves at
     once; `drain()` submits what was polled, finishes the batches in flight, commits and
     leaves the group.
@@ -60,22 +61,13 @@ import contextlib
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future as ConcurrentFuture
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
-from kafka import (
-    ConsumerRebalanceListener,
-    KafkaConsumer,
-    KafkaProducer,
-    OffsetAndMetadata,
-    TopicPartition,
-)
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
 
 from schemas import (
     SCHEMA_VERSION,
@@ -86,9 +78,12 @@ from schemas import (
     RequestError,
     parse_request,
 )
+from workers.batches import Batch, Entry, Output, tp_name
+from workers.commit import AtLeastOnceCommitter, Committer, ExactlyOnceCommitter, OffsetTracker
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError, RecoverableEngineError
 from workers.engine.vllm_backend import ReadRejected
+from workers.errors import WorkerFailed
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
@@ -125,61 +120,7 @@ _CLOSE_TIMEOUT_S = 10.0
 _BAD_TOPIC_TTL_S = 60.0
 
 
-class WorkerFailed(RuntimeError):
-    """The worker stopped on an error that needs a restart (fatal engine error, an output
-    that could not be produced, being fenced). Nothing in flight was committed."""
-
-
-# ------------------------------------------------------------------------------ batches
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One input record and what parsing made of it."""
-
-    tp: TopicPartition
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
-    request: ClassificationRequest | None = None
-    error: RequestError | None = None
-
-
-@dataclass(eq=False)
-class _Batch:
-    seq: int
-    entries: list[_Entry] = field(default_factory=list)
-    last: dict[TopicPartition, int] = field(default_factory=dict)  # tp -> last offset here
-    started: float = field(default_factory=time.monotonic)
-    open: set[TopicPartition] = field(default_factory=set)  # tps not yet committed/dropped
-    done: bool = False
-    # at-least-once acknowledgement countdown (producer I/O thread)
-    waiting: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    reported: bool = False
-
-    def add(self, entry: _Entry) -> None:
-        self.entries.append(entry)
-        self.last[entry.tp] = entry.offset
-
-    def drop(self, tps: set[TopicPartition]) -> None:
-        self.entries = [e for e in self.entries if e.tp not in tps]
-        for tp in tps:
-            self.last.pop(tp, None)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-@dataclass(slots=True)
-class _Output:
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    entry: _Entry
-    dead_code: str | None  # None for a result
+# ------------------------------------------------------------------------------ rebalances
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -196,10 +137,6 @@ class _Listener(ConsumerRebalanceListener):
 
     def on_partitions_lost(self, lost: Any) -> None:
         self._worker._on_revoked(set(lost), lost=True)
-
-
-def _tp_name(tp: TopicPartition) -> str:
-    return f"{tp.topic}-{tp.partition}"
 
 
 # ------------------------------------------------------------------------------ the worker
@@ -230,7 +167,7 @@ class StreamWorker:
         self._drain = threading.Event()
         self._finished = threading.Event()
         self._wake = threading.Event()
-        self._done_q: queue.SimpleQueue[tuple[_Batch, BaseException | None]] = queue.SimpleQueue()
+        self._done_q: queue.SimpleQueue[tuple[Batch, BaseException | None]] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._last_error: str | None = None
         self._started_at: float | None = None
@@ -238,27 +175,22 @@ class StreamWorker:
 
         self._consumer: Any = None
         self._producer: Any = None
+        self._committer: Committer | None = None
+        self._txn: ExactlyOnceCommitter | None = None  # the committer, under exactly-once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._model = b""
 
         self._seq = 0
-        self._acc: _Batch | None = None
-        self._pending: dict[int, _Batch] = {}  # submitted, not yet retired (holds a slot)
-        self._tracks: dict[TopicPartition, deque[_Batch]] = {}
-        self._committed: dict[TopicPartition, int] = {}
+        self._acc: Batch | None = None  # the batch being filled
+        self._offsets = OffsetTracker()
         self._assignment: set[TopicPartition] = set()
         self._closing = False  # teardown under way: the listener only forgets partitions
-        self._base: dict[TopicPartition, int] = {}  # first offset seen, before any commit
         self._last_poll = 0.0
         self._last_lag = 0.0
         self._submitted = 0  # written by the consumer thread
         self._classified = 0  # written by the engine loop
         self._send_turn: asyncio.Event | None = None  # engine loop only
-
-        # exactly-once: batches whose outputs are in the open transaction
-        self._txn_lock = threading.Lock()
-        self._txn_sent: list[_Batch] = []
 
         self._good_topics: set[str] = {settings.output_topic}
         self._bad_topics: dict[str, tuple[float, str]] = {}
@@ -336,13 +268,13 @@ class StreamWorker:
     def status(self) -> dict[str, Any]:
         """Counters and state, safe to call from any thread."""
         snap = self.metrics.snapshot()
-        committed = {_tp_name(tp): off for tp, off in dict(self._committed).items()}
+        committed = {tp_name(tp): off for tp, off in dict(self._offsets.committed).items()}
         return {
             "worker": self.name,
             "pipeline": self.settings.pipeline,
             "state": self._state,
             "delivery": self.settings.delivery,
-            "assignment": sorted(_tp_name(tp) for tp in self._assignment),
+            "assignment": sorted(tp_name(tp) for tp in self._assignment),
             "committed": committed,
             "uptime_s": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
             "last_error": self._last_error,
@@ -387,10 +319,6 @@ class StreamWorker:
         self._producer = KafkaProducer(
             **s.kafka.client_kwargs(client_id=f"{client_id}-producer"), **producer_kw
         )
-        if self._eos:
-            # Fences an earlier incarnation of this replica and aborts its open transaction.
-            self._producer.init_transactions()
-            self._producer.begin_transaction()
 
         consumer_kw: dict[str, Any] = {
             "group_id": s.group_id,
@@ -408,6 +336,12 @@ class StreamWorker:
         self._consumer = KafkaConsumer(
             **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
         )
+        if self._eos:
+            self._txn = ExactlyOnceCommitter(self._producer, self._consumer)
+            self._txn.start()
+            self._committer = self._txn
+        else:
+            self._committer = AtLeastOnceCommitter(self._consumer, self.log)
         subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
 
     async def _build_classifier(self) -> Classifier:
@@ -425,9 +359,9 @@ class StreamWorker:
         """Close everything; never raises."""
         self._closing = True
         consumer, producer = self._consumer, self._producer
-        if producer is not None and self._eos and (failed or self._stop.is_set()):
+        if self._txn is not None and (failed or self._stop.is_set()):
             with contextlib.suppress(Exception):
-                self._producer.abort_transaction()
+                self._txn.abort()
         if consumer is not None:
             try:
                 consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
@@ -468,7 +402,7 @@ class StreamWorker:
             "consumed": self.metrics.consumed,
             "answered": self.metrics.answered,
             "dead_lettered": self.metrics.dead_lettered,
-            "committed": {_tp_name(tp): o for tp, o in sorted(self._committed.items())},
+            "committed": {tp_name(tp): o for tp, o in sorted(self._offsets.committed.items())},
         }
 
     def _remove_static_member(self) -> None:
@@ -493,62 +427,73 @@ class StreamWorker:
     # ================================================================== consumer thread
 
     def _loop_body(self) -> None:
-        s = self.settings
-        max_records = s.batching.max_records
-        max_wait_s = s.batching.max_wait_ms / 1000
-        max_in_flight = s.batching.max_in_flight
-        consumer = self._consumer
         while True:
             # 1. Settle: acknowledged batches -> contiguous prefixes -> commit.
             with self._state_lock:
                 self._settle(sync=True)
             # 2. Control.
-            if self._failure is not None:
-                raise WorkerFailed(
-                    f"{type(self._failure).__name__}: {self._failure}"
-                ) from self._failure
-            if self._stop.is_set():
+            if self._control():
                 return
-            if self._drain.is_set():
-                self._finish_in_flight()
-                return
-            now = time.monotonic()
-            if now - self._last_lag >= _LAG_EVERY_S:
-                self._update_lag()
-                self._last_lag = now
+            self._maybe_update_lag()
             # 3. Backpressure: every slot is taken (the batch being filled needs one).
-            if len(self._pending) >= max_in_flight:
+            if self._offsets.in_flight >= self.settings.batching.max_in_flight:
                 self._wait_full()
                 continue
             # 4. Poll.
-            acc = self._acc
-            rejoin = self._rejoin_pending()
-            if acc is not None and len(acc):
-                timeout_ms = max(0, int((acc.started + max_wait_s - now) * 1000))
-            elif self._pending:
-                timeout_ms = s.batching.max_wait_ms
-            else:
-                timeout_ms = _IDLE_POLL_MS
-            if rejoin:
-                timeout_ms = max(timeout_ms, _REJOIN_POLL_MS)
-            room = max_records - (len(acc) if acc is not None else 0)
-            records = consumer.poll(timeout_ms=timeout_ms, max_records=max(room, 1))
-            self._last_poll = time.monotonic()
+            records = self._poll()
             with self._state_lock:
-                self._assignment = set(consumer.assignment())
+                self._assignment = set(self._consumer.assignment())
                 # 5. Parse into the batch being filled.
                 if records:
                     self._take(records)
                 # 6. Submit when full, when waited long enough, or when the engine is idle.
-                acc = self._acc
-                if acc is not None and len(acc):
-                    waited = time.monotonic() - acc.started
-                    if (
-                        len(acc) >= max_records
-                        or waited >= max_wait_s
-                        or self._submitted == self._classified
-                    ):
-                        self._submit(acc)
+                self._maybe_submit()
+
+    def _control(self) -> bool:
+        """Step 2: whether to leave the loop (raises on a failure)."""
+        if self._failure is not None:
+            raise WorkerFailed(
+                f"{type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+        if self._stop.is_set():
+            return True
+        if self._drain.is_set():
+            self._finish_in_flight()
+            return True
+        return False
+
+    def _poll(self) -> dict[TopicPartition, list[Any]]:
+        """Step 4: up to `max_records - len(batch)` records; waits no longer than the batch
+        being filled may still wait."""
+        b = self.settings.batching
+        acc = self._acc
+        if acc is not None and len(acc):
+            timeout_ms = max(0, int((acc.started + b.max_wait_ms / 1000 - time.monotonic()) * 1000))
+        elif self._offsets.in_flight:
+            timeout_ms = b.max_wait_ms
+        else:
+            timeout_ms = _IDLE_POLL_MS
+        if self._rejoin_pending():
+            timeout_ms = max(timeout_ms, _REJOIN_POLL_MS)
+        room = b.max_records - (len(acc) if acc is not None else 0)
+        records: dict[TopicPartition, list[Any]] = self._consumer.poll(
+            timeout_ms=timeout_ms, max_records=max(room, 1)
+        )
+        self._last_poll = time.monotonic()
+        return records
+
+    def _maybe_submit(self) -> None:
+        """Step 6: the batch being filled goes to the engine when it is full, when it has
+        waited `max_wait_ms`, or at once when the engine is idle."""
+        acc, b = self._acc, self.settings.batching
+        if acc is None or not len(acc):
+            return
+        if (
+            len(acc) >= b.max_records
+            or time.monotonic() - acc.started >= b.max_wait_ms / 1000
+            or self._submitted == self._classified
+        ):
+            self._submit(acc)
 
     def _rejoin_pending(self) -> bool:
         # kafka-python 3 drives JoinGroup/SyncGroup from poll() only; knowing that one is
@@ -589,18 +534,18 @@ class StreamWorker:
         """Step 5: parse the polled records into the batch being filled."""
         if self._acc is None:
             self._seq += 1
-            self._acc = _Batch(self._seq)
+            self._acc = Batch(self._seq)
         acc = self._acc
         limits = self.settings.parse_limits
         sets = self.settings.question_sets
         n = 0
         for tp, recs in records.items():
-            if recs and tp not in self._committed and tp not in self._base:
-                self._base[tp] = recs[0].offset
+            if recs:
+                self._offsets.saw(tp, recs[0].offset)
             for rec in recs:
                 n += 1
                 value = rec.value
-                entry = _Entry(tp, rec.offset, rec.key, value, rec.timestamp)
+                entry = Entry(tp, rec.offset, rec.key, value, rec.timestamp)
                 parsed = parse_request(value, limits)
                 if isinstance(parsed, RequestError):
                     entry.error = parsed
@@ -616,14 +561,11 @@ class StreamWorker:
                 acc.add(entry)
         self.metrics.record_consumed(n)
 
-    def _submit(self, batch: _Batch) -> None:
+    def _submit(self, batch: Batch) -> None:
         self._acc = None
-        batch.open = set(batch.last)
-        for tp in batch.open:
-            self._tracks.setdefault(tp, deque()).append(batch)
-        self._pending[batch.seq] = batch
+        self._offsets.track(batch)
         self._submitted += 1
-        self.metrics.set_in_flight(len(self._pending))
+        self.metrics.set_in_flight(self._offsets.in_flight)
         self._on_loop(self._process(batch))
 
     def _finish_in_flight(self) -> None:
@@ -633,7 +575,7 @@ class StreamWorker:
                 self._submit(self._acc)
             self._acc = None
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        while self._pending and time.monotonic() < deadline:
+        while self._offsets.in_flight and time.monotonic() < deadline:
             if self._failure is not None:
                 raise WorkerFailed(f"{self._failure}") from self._failure
             self._wake.wait(_FULL_WAIT_S)
@@ -642,10 +584,10 @@ class StreamWorker:
                 self._settle(sync=True)
         with self._state_lock:
             self._settle(sync=True)
-        if self._pending:
+        if self._offsets.in_flight:
             self.log.warning(
                 "drain_timeout",
-                abandoned_batches=len(self._pending),
+                abandoned_batches=self._offsets.in_flight,
                 seconds=self.settings.drain_timeout_s,
             )
 
@@ -671,80 +613,17 @@ class StreamWorker:
         self._apply_completions()
         if self._failure is not None:
             return
-        if self._eos:
-            self._commit_transaction()
-            return
-        ready = self._ready()
-        if not ready:
-            return
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, (off, _) in ready.items()}
-        try:
-            if sync:
-                self._consumer.commit(offsets)
-            else:
-                self._consumer.commit_async(offsets)
-        except FencedInstanceIdError as exc:
-            # Another live member has this replica's static id: this one is a zombie.
-            raise WorkerFailed(f"fenced: {exc}") from exc
-        except (CommitFailedError, KafkaError) as exc:
-            # Usually a rebalance under way: the batches stay tracked and are committed on
-            # the next pass (or forgotten when their partitions are revoked or lost).
-            self.log.warning("commit_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        self._retire(ready)
+        assert self._committer is not None
+        committed = self._committer.commit(self._offsets.ready, sync=sync)
+        if committed:
+            self._offsets.retire(committed)
+            self.metrics.set_in_flight(self._offsets.in_flight)
 
-    def _ready(self) -> dict[TopicPartition, tuple[int, int]]:
-        """tp -> (offset to commit, number of batches it covers) for every partition whose
-        oldest tracked batches are done."""
-        out: dict[TopicPartition, tuple[int, int]] = {}
-        for tp, dq in self._tracks.items():
-            n = 0
-            for b in dq:
-                if not b.done:
-                    break
-                n += 1
-            if n:
-                out[tp] = (dq[n - 1].last[tp] + 1, n)
-        return out
-
-    def _retire(self, ready: dict[TopicPartition, tuple[int, int]]) -> None:
-        for tp, (offset, n) in ready.items():
-            dq = self._tracks[tp]
-            for _ in range(n):
-                self._release(dq.popleft(), tp)
-            if not dq:
-                del self._tracks[tp]
-            self._committed[tp] = offset
-        self.metrics.set_in_flight(len(self._pending))
-
-    def _release(self, batch: _Batch, tp: TopicPartition) -> None:
-        batch.open.discard(tp)
-        if not batch.open:
-            self._pending.pop(batch.seq, None)
-
-    def _commit_transaction(self) -> None:
-        """Exactly-once step 1: the outputs sent so far and their offsets, one transaction."""
-        with self._txn_lock:
-            sent, self._txn_sent = self._txn_sent, []
-            if not sent:
-                return
-            for b in sent:
-                b.done = True
-            ready = self._ready()
-            producer = self._producer
-            try:
-                if ready:
-                    offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, (off, _) in ready.items()}
-                    producer.send_offsets_to_transaction(offsets, self._consumer.group_metadata())
-                producer.commit_transaction()
-                producer.begin_transaction()
-            except Exception as exc:
-                # The transaction is aborted by this replica's next incarnation (same
-                # transactional id); its records stay invisible to read_committed readers.
-                raise WorkerFailed(
-                    f"transaction commit failed: {type(exc).__name__}: {exc}"
-                ) from exc
-        self._retire(ready)
+    def _maybe_update_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._last_lag >= _LAG_EVERY_S:
+            self._update_lag()
+            self._last_lag = now
 
     def _update_lag(self) -> None:
         consumer = self._consumer
@@ -756,21 +635,21 @@ class StreamWorker:
                 continue
             if high is None:
                 continue
-            base = self._committed.get(tp, self._base.get(tp))
+            base = self._offsets.lag_base(tp)
             if base is not None:
-                lag[_tp_name(tp)] = max(0, int(high) - int(base))
+                lag[tp_name(tp)] = max(0, int(high) - int(base))
         self.metrics.set_lag(lag)
 
     # ------------------------------------------------------------------ rebalances
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.log.info("partitions_assigned", partitions=sorted(_tp_name(tp) for tp in assigned))
+        self.log.info("partitions_assigned", partitions=sorted(tp_name(tp) for tp in assigned))
 
     def _on_revoked(self, revoked: set[TopicPartition], *, lost: bool) -> None:
         """Finish (bounded) and commit the revoked partitions' work, then forget them."""
         if not revoked:
             return
-        names = sorted(_tp_name(tp) for tp in revoked)
+        names = sorted(tp_name(tp) for tp in revoked)
         with self._state_lock:
             if self._acc is not None:
                 self._acc.drop(revoked)
@@ -787,15 +666,9 @@ class StreamWorker:
                     self._settle(sync=False)
                 except WorkerFailed as exc:
                     self._failure = self._failure or exc
-            abandoned = 0
-            for tp in revoked:
-                for b in self._tracks.pop(tp, ()):
-                    abandoned += 1
-                    self._release(b, tp)
-                if not self._closing:  # on the way out, status() keeps the last commits
-                    self._committed.pop(tp, None)
-                self._base.pop(tp, None)
-            self.metrics.set_in_flight(len(self._pending))
+            # On the way out, status() keeps the last commits.
+            abandoned = self._offsets.forget(revoked, keep_committed=self._closing)
+            self.metrics.set_in_flight(self._offsets.in_flight)
         self.log.info(
             "partitions_lost" if lost else "partitions_revoked",
             partitions=names,
@@ -814,14 +687,8 @@ class StreamWorker:
             self._apply_completions()
             if self._failure is not None:
                 return False
-            with self._txn_lock:
-                in_txn = {id(b) for b in self._txn_sent}
-            waiting = [
-                b
-                for tp in tps
-                for b in self._tracks.get(tp, ())
-                if not b.done and id(b) not in in_txn
-            ]
+            in_txn = self._txn.in_transaction() if self._txn is not None else set()
+            waiting = [b for b in self._offsets.batches(tps) if not b.done and id(b) not in in_txn]
             if not waiting:
                 return True
             if time.monotonic() >= deadline:
@@ -832,7 +699,7 @@ class StreamWorker:
 
     # ================================================================== engine loop
 
-    async def _process(self, batch: _Batch) -> None:
+    async def _process(self, batch: Batch) -> None:
         """Steps 7-9 for one batch; reports completion (or failure) to the consumer thread."""
         prev, mine = self._send_turn, asyncio.Event()
         self._send_turn = mine
@@ -932,14 +799,14 @@ class StreamWorker:
         return await solve(requests, True)
 
     async def _outputs(
-        self, batch: _Batch, outcomes: list[ClassificationResult | RequestError]
-    ) -> list[_Output]:
+        self, batch: Batch, outcomes: list[ClassificationResult | RequestError]
+    ) -> list[Output]:
         """Step 8: one output per input record, in input order."""
         worker = self.name.encode()
         version = str(SCHEMA_VERSION).encode()
         result_headers = [("schema_version", version), ("model", self._model), ("worker", worker)]
         it = iter(outcomes)
-        out: list[_Output] = []
+        out: list[Output] = []
         for entry in batch.entries:
             outcome = next(it) if entry.error is None else entry.error
             try:
@@ -955,10 +822,10 @@ class StreamWorker:
 
     async def _output(
         self,
-        entry: _Entry,
+        entry: Entry,
         outcome: ClassificationResult | RequestError,
         headers: list[tuple[str, bytes]],
-    ) -> _Output:
+    ) -> Output:
         if isinstance(outcome, RequestError):
             return self._dead_letter(entry, outcome)
         assert entry.request is not None
@@ -972,9 +839,9 @@ class StreamWorker:
             )
             return self._dead_letter(entry, error)
         value = outcome.model_dump_json().encode()
-        return _Output(topic, outcome.id.encode(), value, headers, entry, None)
+        return Output(topic, outcome.id.encode(), value, headers, entry, None)
 
-    def _dead_letter(self, entry: _Entry, error: RequestError) -> _Output:
+    def _dead_letter(self, entry: Entry, error: RequestError) -> Output:
         s = self.settings
         letter = DeadLetter.build(
             error,
@@ -1002,7 +869,7 @@ class StreamWorker:
             partition=entry.tp.partition,
             offset=entry.offset,
         )
-        return _Output(
+        return Output(
             s.dead_letter_topic,
             key,
             letter.model_dump_json().encode(),
@@ -1031,7 +898,7 @@ class StreamWorker:
         self._bad_topics[topic] = (time.monotonic(), problem)
         return problem
 
-    def _produce(self, batch: _Batch, outputs: list[_Output]) -> None:
+    def _produce(self, batch: Batch, outputs: list[Output]) -> None:
         """Step 9: send; the batch is done when every output is acknowledged."""
         producer = self._producer
         now_ms = time.time() * 1000
@@ -1042,11 +909,8 @@ class StreamWorker:
             for o in outputs:
                 if o.dead_code is None and o.key is not None:
                     self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
-        if self._eos:
-            with self._txn_lock:
-                for o in outputs:
-                    producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
-                self._txn_sent.append(batch)
+        if self._txn is not None:
+            self._txn.send(batch, outputs)
             self.metrics.record_outputs(answered, dead, e2e)
             self._wake.set()
             return
@@ -1075,7 +939,7 @@ class StreamWorker:
             fut.add_errback(on_error)
         self.metrics.record_outputs(answered, dead, e2e)
 
-    def _report(self, batch: _Batch, exc: BaseException) -> None:
+    def _report(self, batch: Batch, exc: BaseException) -> None:
         with batch.lock:
             if batch.reported:
                 return
