@@ -142,6 +142,7 @@ class PipelineRunner:
         s = self.spec
         return WorkerSettings(
             pipeline=s.name,
+            deployment=self.topology.ray.deployment,
             input_topics=s.input_topics,
             output_topic=s.output_topic,
             dead_letter_topic=s.dead_letter_topic,

@@ -46,6 +46,9 @@ class Batch:
     waiting: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     reported: bool = False
+    # Abandoned (its work is read again from the committed offsets): it must produce
+    # nothing more. Set under the exactly-once committer's lock, read under it.
+    cancelled: bool = False
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)

@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
-__all__ = ["WorkerFailed"]
+__all__ = ["CommitRefused", "WorkerFailed"]
 
 
 class WorkerFailed(RuntimeError):
     """The worker stopped on an error that needs a restart (fatal engine error, an output
     that could not be produced, being fenced). Nothing in flight was committed."""
+
+
+class CommitRefused(Exception):
+    """This member may not commit what it holds: its group membership is stale (a
+    generation reset, a partition no longer assigned, the coordinator refused the
+    generation). Its open work must be abandoned (exactly-once: the transaction aborted)
+    and read again from the committed offsets; the member itself carries on."""

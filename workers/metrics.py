@@ -80,6 +80,8 @@ class WorkerMetrics:
         self.engine_seconds = 0.0
         self.in_flight = 0
         self.lag: dict[str, int] = {}
+        self.partitions_lost = 0
+        self.transactions_aborted = 0
         self._ray: dict[str, Any] | None = None
         if use_ray if use_ray is not None else _ray_ready():
             self._ray = self._make_ray_metrics()
@@ -133,6 +135,20 @@ class WorkerMetrics:
             "in_flight": tagged(
                 Gauge("dgstream_in_flight_batches", "Batches between poll and commit.", _BASE_TAGS)
             ),
+            "partitions_lost": tagged(
+                Counter(
+                    "dgstream_partitions_lost",
+                    "Partitions taken from this member without a revocation (it was fenced).",
+                    _BASE_TAGS,
+                )
+            ),
+            "transactions_aborted": tagged(
+                Counter(
+                    "dgstream_transactions_aborted",
+                    "Open transactions aborted by the worker (their work is read again).",
+                    _BASE_TAGS,
+                )
+            ),
             "lag": tagged(
                 Gauge(
                     "dgstream_partition_lag",
@@ -178,6 +194,16 @@ class WorkerMetrics:
             for s in e2e_seconds:
                 hist.observe(max(s, 0.0))
 
+    def record_lost(self, partitions: int) -> None:
+        self.partitions_lost += partitions
+        if self._ray and partitions:
+            self._ray["partitions_lost"].inc(partitions)
+
+    def record_aborted(self) -> None:
+        self.transactions_aborted += 1
+        if self._ray:
+            self._ray["transactions_aborted"].inc()
+
     def set_in_flight(self, n: int) -> None:
         if n == self.in_flight:
             return
@@ -210,4 +236,6 @@ class WorkerMetrics:
             "engine_seconds": round(self.engine_seconds, 6),
             "in_flight": self.in_flight,
             "lag": dict(self.lag),
+            "partitions_lost": self.partitions_lost,
+            "transactions_aborted": self.transactions_aborted,
         }

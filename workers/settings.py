@@ -122,6 +122,10 @@ class WorkerSettings(_Frozen):
     """One replica of one pipeline: where to read and write, which engine, how to batch."""
 
     pipeline: str = Field(pattern=_NAME_PATTERN)
+    # The topology's `ray.deployment`: two deployments of one pipeline (an upgrade runs
+    # the new one beside the old, in the same group) must not share transactional or
+    # static member ids, or each would fence the other's replica of the same number.
+    deployment: str = Field(default="default", pattern=_NAME_PATTERN)
     input_topics: list[str] = Field(min_length=1)
     output_topic: str
     dead_letter_topic: str
@@ -152,6 +156,12 @@ class WorkerSettings(_Frozen):
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)
+    # A commit (offsets; exactly-once: send_offsets_to_transaction, commit or abort of the
+    # transaction) gives up after this long. kafka-python waits on transactional calls
+    # without a bound; Java's producer bounds them by max.block.ms, 60 s by default, and
+    # so does this. At-least-once tries again on the next pass; exactly-once fails the
+    # worker (the transaction's state is unknown; the next incarnation aborts it).
+    commit_timeout_s: float = Field(default=60.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # ---------------------------------------------------------------- validation
@@ -202,13 +212,16 @@ class WorkerSettings(_Frozen):
 
     @property
     def group_instance_id(self) -> str:
-        """Static member id: stable across restarts of the same replica."""
-        return f"{self.pipeline}-{self.replica}"
+        """Static member id: stable across restarts of the same replica, distinct per
+        deployment."""
+        return f"{self.deployment}-{self.pipeline}-{self.replica}"
 
     @property
     def transactional_id(self) -> str:
-        """Stable across restarts of the same replica, so a restarted one fences its zombie."""
-        return f"{self.group_id}-{self.pipeline}-{self.replica}"
+        """Stable across restarts of the same replica, so a restarted one fences its
+        zombie; distinct per deployment, so two deployments of one pipeline do not fence
+        each other (between them, the group coordinator's generation check fences)."""
+        return f"{self.group_id}-{self.deployment}-{self.pipeline}-{self.replica}"
 
     @property
     def num_gpus(self) -> float:

@@ -52,6 +52,12 @@ while the consumer thread is blocked inside poll()) drops their records from the
 being filled, waits (bounded) for the batches holding their records, commits them and
 forgets the partitions, before the group hands them to their next owner. Partitions
 *lost* (this member was fenced) are forgotten without a commit.
+
+Abandoning (`_abandon`): when work between poll and commit cannot be committed by this
+member (exactly-once: partitions lost, a revocation or a drain that timed out, a commit
+refused because the membership is stale), the batches in flight are cancelled (they
+produce nothing more), the open transaction is aborted with them, and the partitions
+still assigned are sought back to their committed offsets: the work is done again, once.
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ from workers.commit import AtLeastOnceCommitter, Committer, ExactlyOnceCommitter
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError, RecoverableEngineError
 from workers.engine.vllm_backend import ReadRejected
-from workers.errors import WorkerFailed
+from workers.errors import CommitRefused, WorkerFailed
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
@@ -185,6 +191,10 @@ class StreamWorker:
         self._acc: Batch | None = None  # the batch being filled
         self._offsets = OffsetTracker()
         self._assignment: set[TopicPartition] = set()
+        # Where to read again after open work was abandoned (consumer thread applies it):
+        # the group's committed offset, else this first offset polled.
+        self._rewind: dict[TopicPartition, int] = {}
+        self._member = ""  # the member id the work in flight was fetched under
         self._closing = False  # teardown under way: the listener only forgets partitions
         self._last_poll = 0.0
         self._last_lag = 0.0
@@ -278,9 +288,22 @@ class StreamWorker:
             "committed": committed,
             "uptime_s": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
             "last_error": self._last_error,
+            "group": self._membership(),
             "metrics_exported": self.metrics.exported,  # to Ray's metrics (under Ray)
             **snap,
         }
+
+    def _membership(self) -> dict[str, Any]:
+        """This member's generation and id as its consumer knows them (-1 and "" while it
+        is out of the group)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {"generation": -1, "member_id": ""}
+        try:
+            meta = consumer.group_metadata()
+        except Exception:
+            return {"generation": -1, "member_id": ""}
+        return {"generation": meta.generation_id, "member_id": meta.member_id}
 
     @property
     def state(self) -> WorkerState:
@@ -337,11 +360,11 @@ class StreamWorker:
             **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
         )
         if self._eos:
-            self._txn = ExactlyOnceCommitter(self._producer, self._consumer)
+            self._txn = ExactlyOnceCommitter(self._producer, self._consumer, s.commit_timeout_s)
             self._txn.start()
             self._committer = self._txn
         else:
-            self._committer = AtLeastOnceCommitter(self._consumer, self.log)
+            self._committer = AtLeastOnceCommitter(self._consumer, self.log, s.commit_timeout_s)
         subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
 
     async def _build_classifier(self) -> Classifier:
@@ -359,9 +382,11 @@ class StreamWorker:
         """Close everything; never raises."""
         self._closing = True
         consumer, producer = self._consumer, self._producer
-        if self._txn is not None and (failed or self._stop.is_set()):
+        if failed or self._stop.is_set():
+            # Nothing in flight may reach the output after this (exactly-once: the open
+            # transaction is aborted rather than left to its timeout).
             with contextlib.suppress(Exception):
-                self._txn.abort()
+                self._abandon("stopping" if not failed else "failed")
         if consumer is not None:
             try:
                 consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
@@ -443,6 +468,7 @@ class StreamWorker:
             records = self._poll()
             with self._state_lock:
                 self._assignment = set(self._consumer.assignment())
+                records = self._apply_rewind(records)
                 # 5. Parse into the batch being filled.
                 if records:
                     self._take(records)
@@ -584,11 +610,15 @@ class StreamWorker:
                 self._settle(sync=True)
         with self._state_lock:
             self._settle(sync=True)
-        if self._offsets.in_flight:
+            left = self._offsets.in_flight
+            if left:
+                # The next owner reads them again; nothing of theirs may reach the output
+                # after this (exactly-once: no transaction left open until its timeout,
+                # holding back every read_committed reader of the output partitions).
+                self._abandon("drain timeout")
+        if left:
             self.log.warning(
-                "drain_timeout",
-                abandoned_batches=self._offsets.in_flight,
-                seconds=self.settings.drain_timeout_s,
+                "drain_timeout", abandoned_batches=left, seconds=self.settings.drain_timeout_s
             )
 
     # ------------------------------------------------------------------ settling
@@ -613,11 +643,31 @@ class StreamWorker:
         self._apply_completions()
         if self._failure is not None:
             return
+        self._note_membership()
         assert self._committer is not None
-        committed = self._committer.commit(self._offsets.ready, sync=sync)
+        try:
+            committed = self._committer.commit(self._offsets.ready, sync=sync)
+        except CommitRefused as exc:
+            self._abandon(str(exc))
+            return
         if committed:
             self._offsets.retire(committed)
             self.metrics.set_in_flight(self._offsets.in_flight)
+
+    def _note_membership(self) -> None:
+        """Abandon the open work when the member id changed under it: the member was out of
+        the group meanwhile, and another may have answered and committed those records.
+        kafka-python does not always say so: a JoinGroup refused with UNKNOWN_MEMBER_ID
+        rejoins under a new id with the partitions kept and no on_partitions_lost."""
+        try:
+            member = self._consumer.group_metadata().member_id
+        except Exception:
+            return
+        if not member:
+            return  # out of the group now: exactly-once refuses to commit meanwhile
+        if self._member and member != self._member:
+            self._abandon(f"member id changed from {self._member} to {member}")
+        self._member = member
 
     def _maybe_update_lag(self) -> None:
         now = time.monotonic()
@@ -654,18 +704,20 @@ class StreamWorker:
             if self._acc is not None:
                 self._acc.drop(revoked)
             closing = self._closing or self._failure is not None
-            if not lost and not closing:
-                if not self._await_batches(revoked) and self._eos:
-                    # Their outputs would land in a later transaction without their offsets:
-                    # restart instead (the next incarnation aborts the open transaction).
-                    self._failure = self._failure or WorkerFailed(
-                        "exactly-once: the revoked partitions' batches did not finish in time"
-                    )
-                    return
-                try:
-                    self._settle(sync=False)
-                except WorkerFailed as exc:
-                    self._failure = self._failure or exc
+            if lost:
+                self.metrics.record_lost(len(revoked))
+            if lost and self._txn is not None and not closing:
+                # This member was fenced: the group gave these partitions to another.
+                # Their outputs in the open transaction (and those of batches still in
+                # flight) must not be committed by this member's next commit.
+                self._guard(lambda: self._abandon("partitions lost"))
+            elif not lost and not closing:
+                finished = self._await_batches(revoked)
+                self._guard(lambda: self._settle(sync=False))
+                if not finished and self._txn is not None:
+                    # Their outputs would land in a later transaction without their
+                    # offsets: abandon the open work (the kept partitions read it again).
+                    self._guard(lambda: self._abandon("revoke timeout"))
             # On the way out, status() keeps the last commits.
             abandoned = self._offsets.forget(revoked, keep_committed=self._closing)
             self.metrics.set_in_flight(self._offsets.in_flight)
@@ -674,6 +726,68 @@ class StreamWorker:
             partitions=names,
             abandoned_batches=abandoned,
         )
+
+    def _guard(self, step: Any) -> None:
+        """Run a commit step in the listener: a failure there fails the worker at its next
+        loop (an exception would only reach kafka-python's poll())."""
+        try:
+            step()
+        except Exception as exc:
+            self._failure = self._failure or WorkerFailed(f"{type(exc).__name__}: {exc}")
+
+    def _abandon(self, reason: str) -> None:
+        """Give up everything between poll and commit and read it again from the committed
+        offsets: the batches in flight are cancelled (they produce nothing more; exactly-
+        once: the open transaction is aborted with them), the batch being filled is
+        dropped, and each of their partitions still assigned is sought back. Runs on the
+        consumer thread or in the listener, under the state lock."""
+        with self._state_lock:
+            batches = list(self._offsets.pending.values())
+            tps = {tp for b in batches for tp in b.last}
+            if self._acc is not None:
+                tps |= set(self._acc.last)
+            if not tps:
+                return  # nothing polled is unfinished (the transaction holds nothing)
+            for tp in tps:
+                start = self._offsets.lag_base(tp)
+                if start is not None:
+                    self._rewind[tp] = min(start, self._rewind.get(tp, start))
+            self._acc = None
+
+            def cancel() -> None:
+                for b in batches:
+                    b.cancelled = True
+
+            if self._txn is not None:
+                self._txn.abort(cancel)
+                self.metrics.record_aborted()
+            else:
+                cancel()
+            self._offsets.forget(tps, keep_committed=True)
+            self.metrics.set_in_flight(self._offsets.in_flight)
+        self.log.warning(
+            "open_work_abandoned",
+            reason=reason,
+            batches=len(batches),
+            partitions=sorted(tp_name(tp) for tp in tps),
+        )
+
+    def _apply_rewind(
+        self, records: dict[TopicPartition, list[Any]]
+    ) -> dict[TopicPartition, list[Any]]:
+        """Seek the partitions whose work was abandoned back to the group's committed
+        offset (another member may have moved it on), else to where the work started;
+        what the last poll returned for them comes again."""
+        if not self._rewind:
+            return records
+        consumer, assigned = self._consumer, self._assignment
+        for tp, fallback in self._rewind.items():
+            records.pop(tp, None)
+            if tp in assigned:
+                committed = consumer.committed(tp)
+                consumer.seek(tp, fallback if committed is None else committed)
+        self._rewind.clear()
+        return records
 
     def _await_batches(self, tps: set[TopicPartition]) -> bool:
         """Wait until every batch holding records of `tps` is done (acknowledged, or in the
@@ -900,6 +1014,8 @@ class StreamWorker:
 
     def _produce(self, batch: Batch, outputs: list[Output]) -> None:
         """Step 9: send; the batch is done when every output is acknowledged."""
+        if batch.cancelled:  # abandoned meanwhile: its records are read again
+            return
         producer = self._producer
         now_ms = time.time() * 1000
         e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
@@ -910,7 +1026,8 @@ class StreamWorker:
                 if o.dead_code is None and o.key is not None:
                     self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
         if self._txn is not None:
-            self._txn.send(batch, outputs)
+            if not self._txn.send(batch, outputs):
+                return
             self.metrics.record_outputs(answered, dead, e2e)
             self._wake.set()
             return

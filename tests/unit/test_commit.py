@@ -12,7 +12,7 @@ from kafka_fakes import Calls, FakeConsumer, FakeProducer
 
 from workers.batches import Batch, Entry, Output
 from workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
-from workers.errors import WorkerFailed
+from workers.errors import CommitRefused, WorkerFailed
 from workers.logs import get_logger
 
 pytestmark = pytest.mark.unit
@@ -82,7 +82,7 @@ def test_forgetting_partitions_abandons_their_batches() -> None:
 
 def _alo() -> tuple[Calls, AtLeastOnceCommitter, OffsetTracker, Batch]:
     calls = Calls()
-    committer = AtLeastOnceCommitter(FakeConsumer(calls), get_logger())
+    committer = AtLeastOnceCommitter(FakeConsumer(calls), get_logger(), timeout_s=5)
     tracker = OffsetTracker()
     b = _batch(1, (T0, 0), (T1, 3))
     tracker.track(b)
@@ -96,7 +96,7 @@ def test_at_least_once_commits_nothing_until_acknowledged_then_the_next_offsets(
     b.done = True
     assert committer.commit(tracker.ready, sync=True) == {T0: (1, 1), T1: (4, 1)}
     assert calls.names() == ["commit"]
-    assert calls.events[0][1] == {T0: 1, T1: 4}
+    assert calls.events[0][1:] == ({T0: 1, T1: 4}, 5000)  # bounded: 5 s
     # The listener's commits do not wait.
     committer.commit(tracker.ready, sync=False)
     assert calls.names() == ["commit", "commit_async"]
@@ -123,15 +123,18 @@ def test_at_least_once_a_fenced_static_member_stops() -> None:
 # --------------------------------------------------------------------------- exactly-once
 
 
-def _eos() -> tuple[Calls, ExactlyOnceCommitter, OffsetTracker]:
+def _eos(
+    timeout_s: float = 5.0,
+) -> tuple[Calls, ExactlyOnceCommitter, OffsetTracker, FakeConsumer]:
     calls = Calls()
-    committer = ExactlyOnceCommitter(FakeProducer(calls), FakeConsumer(calls, {T0, T1}))
+    consumer = FakeConsumer(calls, {T0, T1})
+    committer = ExactlyOnceCommitter(FakeProducer(calls), consumer, timeout_s)
     committer.start()
-    return calls, committer, OffsetTracker()
+    return calls, committer, OffsetTracker(), consumer
 
 
 def test_exactly_once_commit_is_offsets_then_commit_then_begin() -> None:
-    calls, committer, tracker = _eos()
+    calls, committer, tracker, _ = _eos()
     assert calls.names() == ["init_transactions", "begin_transaction"]
     b = _batch(1, (T0, 0), (T1, 3))
     tracker.track(b)
@@ -153,7 +156,7 @@ def test_exactly_once_commit_is_offsets_then_commit_then_begin() -> None:
 def test_exactly_once_a_send_racing_a_commit_goes_into_the_next_transaction() -> None:
     """The engine loop sends while the consumer thread commits: the late batch's outputs
     must not be committed without its offsets."""
-    calls, committer, tracker = _eos()
+    calls, committer, tracker, _ = _eos()
     first, late = _batch(1, (T0, 0)), _batch(2, (T0, 1))
     tracker.track(first)
     tracker.track(late)
@@ -176,7 +179,8 @@ def test_exactly_once_a_send_racing_a_commit_goes_into_the_next_transaction() ->
 
 @pytest.mark.parametrize("step", ["send_offsets_to_transaction", "commit_transaction"])
 def test_exactly_once_a_failed_commit_stops_the_worker(step: str) -> None:
-    calls, committer, tracker = _eos()
+    """Fenced, or a fatal producer error: the next incarnation aborts the transaction."""
+    calls, committer, tracker, _ = _eos()
     b = _batch(1, (T0, 0))
     tracker.track(b)
     committer.send(b, [_output(b)])
@@ -186,10 +190,78 @@ def test_exactly_once_a_failed_commit_stops_the_worker(step: str) -> None:
     assert "begin_transaction" not in calls.names()[2:]
 
 
-def test_exactly_once_abort() -> None:
-    calls, committer, _ = _eos()
-    b = _batch(1, (T0, 0))
+def _sent_batch(committer: ExactlyOnceCommitter, tracker: OffsetTracker) -> Batch:
+    b = _batch(1, (T0, 0), (T1, 3))
+    tracker.track(b)
     committer.send(b, [_output(b)])
-    committer.abort()
+    return b
+
+
+@pytest.mark.parametrize(
+    ("generation", "member"), [(-1, ""), (-1, "member-1"), (3, "")], ids=["reset", "gen", "id"]
+)
+def test_exactly_once_a_member_out_of_the_group_commits_nothing(
+    generation: int, member: str
+) -> None:
+    """After UNKNOWN_MEMBER_ID kafka-python resets the generation to -1 and the member id
+    to "" until it rejoins; a transactional offset commit carrying those is not checked
+    against the group by the coordinator, so a zombie would commit for partitions that
+    another member now owns. The committer refuses before any call."""
+    calls, committer, tracker, consumer = _eos()
+    _sent_batch(committer, tracker)
+    consumer.meta.generation_id, consumer.meta.member_id = generation, member
+    before = calls.names()
+    with pytest.raises(CommitRefused, match="not a member"):
+        committer.commit(tracker.ready)
+    assert calls.names() == before  # no offsets sent, nothing committed
+
+
+def test_exactly_once_offsets_of_a_partition_no_longer_owned_are_refused() -> None:
+    calls, committer, tracker, consumer = _eos()
+    _sent_batch(committer, tracker)
+    consumer._assignment = {T0}
+    with pytest.raises(CommitRefused, match="in-1"):
+        committer.commit(tracker.ready)
+    assert "commit_transaction" not in calls.names()
+
+
+def test_exactly_once_a_stale_generation_refused_by_the_coordinator_is_abortable() -> None:
+    calls, committer, tracker, _ = _eos()
+    _sent_batch(committer, tracker)
+    calls.fail["send_offsets_to_transaction"] = CommitFailedError("ILLEGAL_GENERATION")
+    with pytest.raises(CommitRefused, match="refused"):
+        committer.commit(tracker.ready)
+    assert "commit_transaction" not in calls.names()
+
+
+@pytest.mark.parametrize("step", ["send_offsets_to_transaction", "commit_transaction"])
+def test_exactly_once_a_commit_that_hangs_gives_up_in_time(step: str) -> None:
+    """kafka-python waits on these without a bound; a broker that never answers must not
+    hold the worker forever."""
+    calls, committer, tracker, _ = _eos(timeout_s=0.3)
+    _sent_batch(committer, tracker)
+    release = threading.Event()
+    calls.during[step] = lambda: release.wait(30)
+    try:
+        with pytest.raises(WorkerFailed, match=f"{step} did not complete in 0.3 s"):
+            committer.commit(tracker.ready)
+    finally:
+        release.set()
+
+
+def test_exactly_once_abort_cancels_the_batches_in_flight() -> None:
+    """A batch still in the engine when the transaction is aborted must not send into the
+    next one (it would be committed there without its offsets)."""
+    calls, committer, tracker, _ = _eos()
+    sent = _sent_batch(committer, tracker)
+    late = _batch(2, (T0, 1))
+
+    def cancel() -> None:
+        sent.cancelled = late.cancelled = True
+
+    committer.abort(cancel)
     assert committer.in_transaction() == set()
-    assert calls.names()[-1] == "abort_transaction"
+    assert calls.names()[-2:] == ["abort_transaction", "begin_transaction"]
+    assert committer.send(late, [_output(late)]) is False
+    assert calls.names()[-1] == "begin_transaction"  # nothing sent
+    assert committer.commit(tracker.ready) == {}

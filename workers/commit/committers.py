@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from kafka import OffsetAndMetadata, TopicPartition
-from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
+from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError, KafkaTimeoutError
 
 from workers.batches import Batch, Output
 from workers.commit.offsets import Ready, commit_offsets
-from workers.errors import WorkerFailed
+from workers.errors import CommitRefused, WorkerFailed
 
-__all__ = ["AtLeastOnceCommitter", "Committer", "ExactlyOnceCommitter"]
+__all__ = ["AtLeastOnceCommitter", "Committer", "ExactlyOnceCommitter", "bounded"]
+
+_T = TypeVar("_T")
 
 
 class Committer(Protocol):
@@ -33,12 +35,39 @@ def _metadata(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, Off
     return {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
 
 
+def bounded(call: Callable[[], _T], timeout_s: float, what: str) -> _T:
+    """`call()` on a helper thread, waited for at most `timeout_s`; raises
+    KafkaTimeoutError after that. kafka-python's transactional calls (commit, abort,
+    send_offsets_to_transaction) wait on their result without a bound; Java's bound them
+    by max.block.ms. A call that timed out keeps its thread until it returns (the worker
+    fails and closes the producer, which ends it)."""
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:
+            box.append((False, exc))
+
+    t = threading.Thread(target=run, name=f"dgstream-{what}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not box:
+        raise KafkaTimeoutError(f"{what} did not complete in {timeout_s:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    out: _T = value
+    return out
+
+
 class AtLeastOnceCommitter:
     """Offsets through the consumer, after the broker acknowledged every output."""
 
-    def __init__(self, consumer: Any, log: Any) -> None:
+    def __init__(self, consumer: Any, log: Any, timeout_s: float) -> None:
         self._consumer = consumer
         self._log = log
+        self._timeout_ms = int(timeout_s * 1000)
 
     def commit(self, ready: Callable[[], Ready], *, sync: bool) -> Ready:
         done = ready()
@@ -51,7 +80,7 @@ class AtLeastOnceCommitter:
         #    listener (kafka-python's I/O thread) send them without waiting.
         try:
             if sync:
-                self._consumer.commit(_metadata(offsets))
+                self._consumer.commit(_metadata(offsets), timeout_ms=self._timeout_ms)
             else:
                 self._consumer.commit_async(_metadata(offsets))
         except FencedInstanceIdError as exc:
@@ -70,11 +99,13 @@ class ExactlyOnceCommitter:
 
     The engine loop `send`s a batch's outputs into the open transaction; `commit` (the
     consumer thread, or the listener) takes the batches sent so far and commits them with
-    their partitions' offsets."""
+    their partitions' offsets; `abort` drops the open transaction and cancels the batches
+    still in flight, so that none of them sends into the next one."""
 
-    def __init__(self, producer: Any, consumer: Any) -> None:
+    def __init__(self, producer: Any, consumer: Any, timeout_s: float) -> None:
         self._producer = producer
         self._consumer = consumer
+        self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._sent: list[Batch] = []  # batches whose outputs are in the open transaction
 
@@ -84,12 +115,16 @@ class ExactlyOnceCommitter:
         self._producer.init_transactions()
         self._producer.begin_transaction()
 
-    def send(self, batch: Batch, outputs: Sequence[Output]) -> None:
-        """A batch's outputs into the open transaction (engine loop)."""
+    def send(self, batch: Batch, outputs: Sequence[Output]) -> bool:
+        """A batch's outputs into the open transaction (engine loop); False, sending
+        nothing, for a cancelled batch."""
         with self._lock:
+            if batch.cancelled:
+                return False
             for o in outputs:
                 self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
             self._sent.append(batch)
+        return True
 
     def in_transaction(self) -> set[int]:
         """ids of the batches whose outputs are in the open transaction."""
@@ -100,36 +135,73 @@ class ExactlyOnceCommitter:
         # One lock from taking the sent batches to the next transaction: a batch the
         # engine loop sends meanwhile must not be committed without its offsets.
         with self._lock:
-            sent, self._sent = self._sent, []
-            if not sent:
+            if not self._sent:
                 return {}
             # 1. The outputs: already in the transaction (commit_transaction flushes them).
             #    Their batches are done: their offsets go into this transaction.
-            for b in sent:
+            for b in self._sent:
                 b.done = True
             done = ready()
-            producer = self._producer
+            offsets = commit_offsets(done)
+            # 2. Only a current member commits offsets: the coordinator accepts a
+            #    transactional commit that names no member and no generation from anyone.
+            meta = self._check_membership(offsets)
             try:
-                # 2. The offsets into the same transaction, with the consumer's group
-                #    metadata, so the group coordinator fences a zombie of this member.
-                if done:
-                    producer.send_offsets_to_transaction(
-                        _metadata(commit_offsets(done)), self._consumer.group_metadata()
+                # 3. The offsets into the same transaction, with the member id and
+                #    generation, so the coordinator refuses them from a zombie.
+                if offsets:
+                    self._call(
+                        lambda: self._producer.send_offsets_to_transaction(
+                            _metadata(offsets), meta
+                        ),
+                        "send_offsets_to_transaction",
                     )
-                # 3. Commit: outputs and offsets become visible together.
-                producer.commit_transaction()
-                # 4. Open the next transaction.
-                producer.begin_transaction()
+                # 4. Commit: outputs and offsets become visible together.
+                self._call(self._producer.commit_transaction, "commit_transaction")
+                # 5. Open the next transaction.
+                self._producer.begin_transaction()
+            except CommitFailedError as exc:
+                # The coordinator refused the generation (a rebalance moved on without
+                # this member): abortable, like a generation reset.
+                raise CommitRefused(f"the group coordinator refused the commit: {exc}") from exc
             except Exception as exc:
-                # The transaction is aborted by this replica's next incarnation (same
-                # transactional id); its records stay invisible to read_committed readers.
+                # Fenced, timed out, or a fatal producer error: the transaction is aborted
+                # by this replica's next incarnation (same transactional id); its records
+                # stay invisible to read_committed readers meanwhile.
                 raise WorkerFailed(
                     f"transaction commit failed: {type(exc).__name__}: {exc}"
                 ) from exc
+            self._sent = []
         return done
 
-    def abort(self) -> None:
-        """Abort the open transaction (on the way out; errors are the caller's)."""
+    def _check_membership(self, offsets: Mapping[TopicPartition, int]) -> Any:
+        """The consumer's group metadata, when it may commit `offsets`; else CommitRefused.
+
+        After UNKNOWN_MEMBER_ID (the session expired) kafka-python resets the generation
+        to -1 and the member id to "" until the next rejoin; a transactional offset commit
+        carrying those is not checked against the group at all."""
+        meta = self._consumer.group_metadata()
+        if meta.generation_id < 0 or not meta.member_id:
+            raise CommitRefused(
+                f"not a member of the group now (generation {meta.generation_id}, "
+                f"member id {meta.member_id!r})"
+            )
+        owned = self._consumer.assignment()
+        foreign = sorted(f"{tp.topic}-{tp.partition}" for tp in offsets if tp not in owned)
+        if foreign:
+            raise CommitRefused(f"partitions no longer assigned: {', '.join(foreign)}")
+        return meta
+
+    def abort(self, cancel: Callable[[], None] | None = None) -> None:
+        """Cancel (`cancel()`: mark the batches in flight cancelled), abort the open
+        transaction, open the next. One lock: a batch in flight either sent before the
+        abort (and is aborted with it) or sees itself cancelled."""
         with self._lock:
+            if cancel is not None:
+                cancel()
             self._sent = []
-            self._producer.abort_transaction()
+            self._call(self._producer.abort_transaction, "abort_transaction")
+            self._producer.begin_transaction()
+
+    def _call(self, call: Callable[[], Any], what: str) -> Any:
+        return bounded(call, self._timeout_s, what)
