@@ -51,6 +51,36 @@ class GateEngine:
         await self.inner.close()
 
 
+class DownEngine:
+    """The fake engine, out of reach while `down` is set: every read raises
+    `error()` (EngineUnavailable by default: a remote server refusing connections; a
+    RecoverableEngineError for a local engine that fails everything). `calls` counts
+    the reads tried."""
+
+    def __init__(self, inner: Any, error: Callable[[], Exception] | None = None) -> None:
+        from workers.engine.types import EngineUnavailable
+
+        self.inner = inner
+        self.down = threading.Event()
+        self.down.set()
+        self.error = error or (lambda: EngineUnavailable("connection refused"))
+        self.calls = 0
+
+    @property
+    def info(self) -> Any:
+        return self.inner.info
+
+    async def read(self, reads: Sequence[Any]) -> list[Any]:
+        self.calls += 1
+        if self.down.is_set():
+            raise self.error()
+        out: list[Any] = await self.inner.read(reads)
+        return out
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 def classifier_with(engine_type: Callable[[Any], Any], settings: Any) -> tuple[Any, Any]:
     """A classifier for `settings`' question sets whose engine is `engine_type(fake)`;
     returns (classifier, engine)."""
@@ -100,6 +130,17 @@ def kick_worker(conn: KafkaConnection, group: str, worker: Any, timeout_s: float
     )
     kick_member(conn, group, member)
     return member
+
+
+def delete_topic(conn: KafkaConnection, topic: str) -> None:
+    """Delete a topic and wait until the cluster no longer lists it (a worker's producer,
+    which does not auto-create topics, then cannot write to it)."""
+    admin = _admin(conn)
+    try:
+        admin.delete_topics([topic])
+        wait_for(lambda: topic not in admin.list_topics(), 30, f"{topic} deleted")
+    finally:
+        admin.close()
 
 
 def transaction_state(conn: KafkaConnection, transactional_id: str) -> str:

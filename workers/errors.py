@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CommitRefused", "WorkerFailed"]
+__all__ = ["CommitRefused", "OutputFailed", "WorkerFailed"]
 
 
 class WorkerFailed(RuntimeError):
@@ -16,3 +16,13 @@ class CommitRefused(Exception):
     generation reset, a partition no longer assigned, the coordinator refused the
     generation). Its open work must be abandoned (exactly-once: the transaction aborted)
     and read again from the committed offsets; the member itself carries on."""
+
+
+class OutputFailed(CommitRefused):
+    """Exactly-once: an output of the open transaction failed, so the transaction cannot
+    be committed; it is aborted (if that fails too, the producer is unusable: the worker
+    fails) and `cause` is handled as any produce error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"an output of the transaction failed: {type(cause).__name__}: {cause}")
+        self.cause = cause

@@ -82,6 +82,8 @@ class WorkerMetrics:
         self.lag: dict[str, int] = {}
         self.partitions_lost = 0
         self.transactions_aborted = 0
+        self.outage: str | None = None  # the kind of the outage under way
+        self.outage_tries = 0
         self._ray: dict[str, Any] | None = None
         if use_ray if use_ray is not None else _ray_ready():
             self._ray = self._make_ray_metrics()
@@ -140,6 +142,20 @@ class WorkerMetrics:
                     "dgstream_partitions_lost",
                     "Partitions taken from this member without a revocation (it was fenced).",
                     _BASE_TAGS,
+                )
+            ),
+            "outage": tagged(
+                Gauge(
+                    "dgstream_outage",
+                    "1 while the engine or the output is out of reach (work held, retried).",
+                    (*_BASE_TAGS, "kind"),
+                )
+            ),
+            "outage_tries": tagged(
+                Counter(
+                    "dgstream_outage_tries",
+                    "Tries that met an outage (each followed by a backoff pause).",
+                    (*_BASE_TAGS, "kind"),
                 )
             ),
             "transactions_aborted": tagged(
@@ -204,6 +220,21 @@ class WorkerMetrics:
         if self._ray:
             self._ray["transactions_aborted"].inc()
 
+    def record_outage_try(self, kind: str) -> None:
+        self.outage_tries += 1
+        if self._ray:
+            self._ray["outage_tries"].inc(tags={"kind": kind})
+            if self.outage != kind:
+                if self.outage is not None:
+                    self._ray["outage"].set(0, tags={"kind": self.outage})
+                self._ray["outage"].set(1, tags={"kind": kind})
+        self.outage = kind
+
+    def record_outage_over(self) -> None:
+        if self._ray and self.outage is not None:
+            self._ray["outage"].set(0, tags={"kind": self.outage})
+        self.outage = None
+
     def set_in_flight(self, n: int) -> None:
         if n == self.in_flight:
             return
@@ -238,4 +269,5 @@ class WorkerMetrics:
             "lag": dict(self.lag),
             "partitions_lost": self.partitions_lost,
             "transactions_aborted": self.transactions_aborted,
+            "outage_tries": self.outage_tries,
         }

@@ -22,6 +22,7 @@ __all__ = [
     "Batching",
     "ConsumerTuning",
     "Delivery",
+    "OutageTuning",
     "ProducerTuning",
     "WorkerSettings",
 ]
@@ -98,12 +99,47 @@ class ProducerTuning(_Frozen):
     linger_ms: int = Field(default=5, ge=0, le=10_000)
     # How long send() may block on metadata or a full buffer; kafka-python's default.
     max_block_ms: int = Field(default=60_000, ge=100)
+    # How long the producer keeps retrying one output (no leader, not enough replicas)
+    # before it reports the failure: Java's and kafka-python's default. The worker then
+    # treats it as an outage (`OutageTuning`), not as bad input.
+    delivery_timeout_ms: int = Field(default=120_000, ge=1_000)
+    # One produce request's timeout: Java's and kafka-python's default. The delivery
+    # timeout must cover it plus linger_ms (kafka-python refuses the producer otherwise).
+    request_timeout_ms: int = Field(default=30_000, ge=100)
     # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
     transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
     # A dead letter keeps at most this many leading bytes of the original: base64 adds a
     # third, and the broker's default max.message.bytes is about 1 MiB (1,048,588), so
     # 700,000 raw bytes (933,336 in base64) leave room for the rest of the record.
     max_dead_letter_original_bytes: int = Field(default=700_000, ge=0)
+
+    @model_validator(mode="after")
+    def _delivery_covers_a_request(self) -> ProducerTuning:
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError(
+                "delivery_timeout_ms must be at least linger_ms + request_timeout_ms "
+                f"({self.delivery_timeout_ms} < {self.linger_ms} + {self.request_timeout_ms})"
+            )
+        return self
+
+
+class OutageTuning(_Frozen):
+    """The engine (or a remote vLLM) or the output topic out of reach: the worker stops
+    taking new work and tries again after a pause that doubles each time, up to a cap,
+    for at most `budget_s`; it dead-letters nothing because of an outage. Past the budget
+    it fails (Ray restarts it), which dead-letters nothing either."""
+
+    # The first pause: a few engine calls' worth, so that a blip (a connection reset, a
+    # leader election of a few hundred milliseconds) costs little.
+    initial_backoff_s: float = Field(default=0.5, gt=0)
+    # The longest pause: the worker resumes within 30 s of the cause being fixed, while
+    # a long outage costs one try (one engine call or one produce) every 30 s.
+    max_backoff_s: float = Field(default=30.0, gt=0)
+    # Ten minutes: longer than restarting a vLLM server (loading the 26B checkpoint takes
+    # minutes) or rolling a broker, short enough that a worker which cannot recover by
+    # waiting is restarted within the quarter hour; status() and the metrics show the
+    # outage meanwhile.
+    budget_s: float = Field(default=600.0, gt=0)
 
 
 class ActorResources(_Frozen):
@@ -153,6 +189,7 @@ class WorkerSettings(_Frozen):
     engine_retries: int = Field(default=2, ge=0, le=10)
     # Pause between those tries (doubling each time).
     engine_retry_backoff_s: float = Field(default=0.05, ge=0)
+    outage: OutageTuning = Field(default_factory=OutageTuning)
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)

@@ -34,10 +34,12 @@ The busy loop, one micro-batch at a time (numbers match the comments below):
 
 On the engine loop, per batch:
 
- 7. Classify every request of the batch at once (`Classifier.classify`). A recoverable
+ 7. Classify every request of the batch at once (`workers.classify`). A recoverable
     engine error retries the batch (`engine_retries`), then splits it in halves to find
     the request that keeps failing, which becomes an ENGINE_FAILED dead letter; a fatal
     one fails the worker (Ray restarts the actor; uncommitted work is consumed again).
+    An engine that is down (unreachable, or failing a known-good probe too) is an
+    outage: see below.
  8. Build the outputs: results keyed by request id with headers (schema_version, model,
     worker) to the output topic or the request's `reply_topic`; dead letters keyed by the
     request id when it could be read.
@@ -53,9 +55,17 @@ being filled, waits (bounded) for the batches holding their records, commits the
 forgets the partitions, before the group hands them to their next owner. Partitions
 *lost* (this member was fenced) are forgotten without a commit.
 
+Outages (`workers.outage`): the engine out of reach, or an output that cannot be
+produced for a while (no leader, not enough replicas, the topic missing, a timeout), is
+not bad input. The batch reports an `Outage`; the consumer thread abandons the open work
+(below), takes no new work until the backoff pause has passed (still polling for the
+membership, as when full), then reads it again; the first batch that goes through ends
+the outage. Past `outage.budget_s` the worker fails (Ray restarts it). status()["outage"]
+and the dgstream_outage gauge show it meanwhile.
+
 Abandoning (`_abandon`): when work between poll and commit cannot be committed by this
-member (exactly-once: partitions lost, a revocation or a drain that timed out, a commit
-refused because the membership is stale), the batches in flight are cancelled (they
+member (an outage; exactly-once: partitions lost, a revocation or a drain that timed
+out, a commit refused because the membership is stale), the batches in flight are cancelled (they
 produce nothing more), the open transaction is aborted with them, and the partitions
 still assigned are sought back to their committed offsets: the work is done again, once.
 """
@@ -67,7 +77,6 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, Literal
 
@@ -77,7 +86,6 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 
 from schemas import (
     SCHEMA_VERSION,
-    ClassificationRequest,
     ClassificationResult,
     DeadLetter,
     ErrorCode,
@@ -85,14 +93,15 @@ from schemas import (
     parse_request,
 )
 from workers.batches import Batch, Entry, Output, tp_name
+from workers.classify import BatchClassifier
 from workers.commit import AtLeastOnceCommitter, Committer, ExactlyOnceCommitter, OffsetTracker
 from workers.engine.classifier import Classifier
-from workers.engine.types import FatalEngineError, RecoverableEngineError
-from workers.engine.vllm_backend import ReadRejected
-from workers.errors import CommitRefused, WorkerFailed
+from workers.engine.types import FatalEngineError
+from workers.errors import CommitRefused, OutputFailed, WorkerFailed
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
+from workers.outage import Outage, OutageClock, produce_outage
 from workers.settings import WorkerSettings
 
 __all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
@@ -148,6 +157,16 @@ class _Listener(ConsumerRebalanceListener):
 # ------------------------------------------------------------------------------ the worker
 
 
+def _no_auto_create(producer: Any) -> None:
+    """kafka-python 3.0 drops the producer's allow_auto_create_topics (net/manager.py
+    builds the cluster metadata without it), so its metadata requests ask the broker to
+    create any topic they name: a reply_topic with a typo would be created. Set it where
+    the requests read it."""
+    config = getattr(getattr(producer, "_metadata", None), "config", None)
+    if isinstance(config, dict) and "allow_auto_create_topics" in config:
+        config["allow_auto_create_topics"] = False
+
+
 class StreamWorker:
     """One consumer-group member with one engine. `run()` blocks; the rest are thread-safe.
 
@@ -195,6 +214,7 @@ class StreamWorker:
         # the group's committed offset, else this first offset polled.
         self._rewind: dict[TopicPartition, int] = {}
         self._member = ""  # the member id the work in flight was fetched under
+        self._outage = OutageClock(settings.outage)  # consumer thread (and listener)
         self._closing = False  # teardown under way: the listener only forgets partitions
         self._last_poll = 0.0
         self._last_lag = 0.0
@@ -289,6 +309,7 @@ class StreamWorker:
             "uptime_s": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
             "last_error": self._last_error,
             "group": self._membership(),
+            "outage": self._outage.status(),
             "metrics_exported": self.metrics.exported,  # to Ray's metrics (under Ray)
             **snap,
         }
@@ -333,8 +354,13 @@ class StreamWorker:
         producer_kw: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
+            # The pipeline's topics are created with the deployment; a reply_topic that
+            # does not exist is refused, not created (nor is a missing output topic).
+            "allow_auto_create_topics": False,
             "linger_ms": s.producer.linger_ms,
             "max_block_ms": s.producer.max_block_ms,
+            "delivery_timeout_ms": s.producer.delivery_timeout_ms,
+            "request_timeout_ms": s.producer.request_timeout_ms,
         }
         if self._eos:
             producer_kw["transactional_id"] = s.transactional_id
@@ -342,6 +368,7 @@ class StreamWorker:
         self._producer = KafkaProducer(
             **s.kafka.client_kwargs(client_id=f"{client_id}-producer"), **producer_kw
         )
+        _no_auto_create(self._producer)
 
         consumer_kw: dict[str, Any] = {
             "group_id": s.group_id,
@@ -460,8 +487,11 @@ class StreamWorker:
             if self._control():
                 return
             self._maybe_update_lag()
-            # 3. Backpressure: every slot is taken (the batch being filled needs one).
-            if self._offsets.in_flight >= self.settings.batching.max_in_flight:
+            # 3. Backpressure: every slot is taken (the batch being filled needs one), or
+            #    an outage holds new work back until its next try.
+            if self._offsets.in_flight >= self.settings.batching.max_in_flight or (
+                self._outage.holding()
+            ):
                 self._wait_full()
                 continue
             # 4. Poll.
@@ -534,7 +564,8 @@ class StreamWorker:
             return False
 
     def _wait_full(self) -> None:
-        """Every slot taken: wait for a completion; keep the membership alive meanwhile.
+        """Every slot taken (or an outage pausing): wait for a completion; keep the
+        membership alive meanwhile.
 
         No pause()/resume(): kafka-python 3.0's fetcher parks the parsed records of a paused
         partition and gives them back only while no other partition's records are in line
@@ -630,10 +661,41 @@ class StreamWorker:
                 batch, exc = self._done_q.get_nowait()
             except queue.Empty:
                 return
-            if exc is not None:
+            if isinstance(exc, Outage):
+                self._on_outage(exc)
+            elif exc is not None:
                 self._failure = self._failure or exc
             else:
-                batch.done = True
+                if self._txn is None:  # exactly-once: done once in the transaction commit
+                    batch.done = True
+                if self._outage.active:
+                    self._end_outage()
+
+    def _on_outage(self, outage: Outage) -> None:
+        """A batch met an outage: abandon the open work (read again after the pause) or,
+        past the budget, fail."""
+        pause = self._outage.hit(outage)
+        self.metrics.record_outage_try(outage.kind)
+        if self._outage.exhausted():
+            budget = self.settings.outage.budget_s
+            self._failure = self._failure or WorkerFailed(
+                f"{outage} for longer than the outage budget ({budget:g} s)"
+            )
+            return
+        self.log.warning(
+            "outage",
+            kind=outage.kind,
+            tries=self._outage.tries,
+            pause_s=round(pause, 3),
+            error=outage.message[:300],
+        )
+        self._abandon(str(outage))
+
+    def _end_outage(self) -> None:
+        kind, tries = self._outage.kind, self._outage.tries
+        lasted = self._outage.clear()
+        self.metrics.record_outage_over()
+        self.log.info("outage_over", kind=kind, tries=tries, lasted_s=round(lasted, 3))
 
     def _settle(self, *, sync: bool) -> None:
         """Step 1: apply completions, commit the contiguous done prefix of each partition.
@@ -647,6 +709,11 @@ class StreamWorker:
         assert self._committer is not None
         try:
             committed = self._committer.commit(self._offsets.ready, sync=sync)
+        except OutputFailed as exc:
+            # An output of the transaction failed: abort it, then as any produce error.
+            self._abandon(str(exc))
+            self._on_outage(produce_outage(exc.cause) or Outage("output", str(exc.cause)))
+            return
         except CommitRefused as exc:
             self._abandon(str(exc))
             return
@@ -821,96 +888,31 @@ class StreamWorker:
         try:
             requests = [e.request for e in batch.entries if e.request is not None]
             t0 = time.perf_counter()
-            calls = [0]
+            assert self._classifier is not None
+            s = self.settings
+            step = BatchClassifier(
+                self._classifier, s.engine_retries, s.engine_retry_backoff_s, self.log
+            )
             try:
-                outcomes = await self._classify(requests, calls) if requests else []
+                outcomes = await step.classify(requests) if requests else []
             finally:
                 self._classified += 1
                 classified = True
             self.metrics.record_batch(len(batch))
             if requests:
-                self.metrics.record_engine(time.perf_counter() - t0, calls[0])
+                self.metrics.record_engine(time.perf_counter() - t0, step.calls)
             outputs = await self._outputs(batch, outcomes)
             if prev is not None:
                 await prev.wait()
             self._produce(batch, outputs)
-            mine.set()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             if not classified:
                 self._classified += 1
-            self._report(batch, exc)
-
-    async def _classify(
-        self, requests: list[ClassificationRequest], calls: list[int]
-    ) -> list[ClassificationResult | RequestError]:
-        """Step 7: the whole batch in one call; retries, then halves, on recoverable errors."""
-        assert self._classifier is not None
-        classifier = self._classifier
-        retries = self.settings.engine_retries
-        backoff = self.settings.engine_retry_backoff_s
-
-        async def attempt(
-            sub: Sequence[ClassificationRequest], tries: int
-        ) -> tuple[list[ClassificationResult | RequestError] | None, BaseException | None]:
-            last: BaseException | None = None
-            for i in range(tries):
-                if i:
-                    await asyncio.sleep(backoff * (2 ** (i - 1)))
-                calls[0] += 1
-                try:
-                    out = await classifier.classify(sub)
-                except FatalEngineError:
-                    raise
-                except ReadRejected as exc:  # before RecoverableEngineError: never retried
-                    return None, exc
-                except RecoverableEngineError as exc:
-                    last = exc
-                    continue
-                except Exception as exc:  # a bug or an engine error of another kind
-                    self.log.error("engine_unexpected_error", error=repr(exc), exc_info=True)
-                    last = exc
-                    continue
-                if len(out) != len(sub):
-                    last = RecoverableEngineError(
-                        f"the classifier returned {len(out)} answers for {len(sub)} requests"
-                    )
-                    continue
-                return out, None
-            return None, last
-
-        async def solve(
-            sub: Sequence[ClassificationRequest], whole: bool
-        ) -> list[ClassificationResult | RequestError]:
-            tries = 1 + retries if (whole or len(sub) == 1) else 1
-            out, err = await attempt(sub, tries)
-            if out is not None:
-                return out
-            if len(sub) == 1:
-                self.log.warning(
-                    "engine_failed_request",
-                    request_id=sub[0].id,
-                    error=f"{type(err).__name__}: {err}",
-                )
-                reason = f"{type(err).__name__}: {err}"[:500]
-                return [
-                    RequestError(
-                        code=ErrorCode.ENGINE_FAILED,
-                        message=f"the engine could not answer this request ({reason})",
-                    )
-                ]
-            if whole:
-                self.log.warning(
-                    "engine_batch_failed_splitting",
-                    size=len(sub),
-                    error=f"{type(err).__name__}: {err}",
-                )
-            mid = len(sub) // 2
-            left = await solve(sub[:mid], False)
-            return left + await solve(sub[mid:], False)
-
-        return await solve(requests, True)
+            self._report(batch, produce_outage(exc) or exc)
+        finally:
+            mine.set()  # the next batch's outputs may go (a failed one sends nothing more)
 
     async def _outputs(
         self, batch: Batch, outcomes: list[ClassificationResult | RequestError]
@@ -1029,6 +1031,7 @@ class StreamWorker:
             if not self._txn.send(batch, outputs):
                 return
             self.metrics.record_outputs(answered, dead, e2e)
+            self._done_q.put((batch, None))  # in the transaction (an outage is over)
             self._wake.set()
             return
         if not outputs:
@@ -1048,7 +1051,7 @@ class StreamWorker:
                 self._wake.set()
 
         def on_error(exc: BaseException) -> None:
-            self._report(batch, exc)
+            self._report(batch, produce_outage(exc) or exc)
 
         for o in outputs:
             fut = producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
@@ -1061,6 +1064,8 @@ class StreamWorker:
             if batch.reported:
                 return
             batch.reported = True
+        if batch.cancelled and not isinstance(exc, FatalEngineError):
+            return  # abandoned already: its records are read again
         self._last_error = f"{type(exc).__name__}: {exc}"
         self._done_q.put((batch, exc))
         self._wake.set()

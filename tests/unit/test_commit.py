@@ -7,12 +7,18 @@ import threading
 
 import pytest
 from kafka import TopicPartition
-from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
+from kafka.errors import (
+    CommitFailedError,
+    FencedInstanceIdError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+)
 from kafka_fakes import Calls, FakeConsumer, FakeProducer
 
 from workers.batches import Batch, Entry, Output
 from workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
-from workers.errors import CommitRefused, WorkerFailed
+from workers.errors import CommitRefused, OutputFailed, WorkerFailed
 from workers.logs import get_logger
 
 pytestmark = pytest.mark.unit
@@ -178,16 +184,48 @@ def test_exactly_once_a_send_racing_a_commit_goes_into_the_next_transaction() ->
 
 
 @pytest.mark.parametrize("step", ["send_offsets_to_transaction", "commit_transaction"])
-def test_exactly_once_a_failed_commit_stops_the_worker(step: str) -> None:
-    """Fenced, or a fatal producer error: the next incarnation aborts the transaction."""
+def test_exactly_once_a_fenced_producer_stops_the_worker(step: str) -> None:
+    """Another incarnation took the transactional id: this one must stop (the new one has
+    aborted what this one left open)."""
     calls, committer, tracker, _ = _eos()
     b = _batch(1, (T0, 0))
     tracker.track(b)
     committer.send(b, [_output(b)])
-    calls.fail[step] = KafkaError("broker gone")
+    calls.fail[step] = ProducerFencedError()
     with pytest.raises(WorkerFailed, match="transaction commit failed"):
         committer.commit(tracker.ready)
     assert "begin_transaction" not in calls.names()[2:]
+
+
+def test_exactly_once_a_failed_output_makes_the_commit_abortable() -> None:
+    """kafka-python fails the commit with the error of an output that could not be
+    produced: the worker aborts and handles the cause (an outage, a bad reply topic)."""
+    calls, committer, tracker, _ = _eos()
+    b = _batch(1, (T0, 0))
+    tracker.track(b)
+    committer.send(b, [_output(b)])
+    calls.fail["commit_transaction"] = KafkaError("NotEnoughReplicas")
+    with pytest.raises(OutputFailed) as caught:
+        committer.commit(tracker.ready)
+    assert "NotEnoughReplicas" in str(caught.value.cause)
+
+
+def test_exactly_once_a_send_that_raised_breaks_the_transaction_until_aborted() -> None:
+    """Part of a batch's outputs are in the transaction: it must not be committed."""
+    calls, committer, tracker, _ = _eos()
+    good, bad = _batch(1, (T0, 0)), _batch(2, (T0, 1))
+    tracker.track(good)
+    tracker.track(bad)
+    committer.send(good, [_output(good)])
+    calls.fail["send"] = KafkaTimeoutError("no metadata for the output topic")
+    with pytest.raises(KafkaTimeoutError):
+        committer.send(bad, [_output(bad)])
+    del calls.fail["send"]
+    with pytest.raises(OutputFailed):
+        committer.commit(tracker.ready)
+    assert "commit_transaction" not in calls.names()
+    committer.abort()
+    assert committer.commit(tracker.ready) == {}  # usable again, nothing in it
 
 
 def _sent_batch(committer: ExactlyOnceCommitter, tracker: OffsetTracker) -> Batch:

@@ -12,11 +12,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from kafka import OffsetAndMetadata, TopicPartition
-from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError, KafkaTimeoutError
+from kafka.errors import (
+    CommitFailedError,
+    FencedInstanceIdError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+)
 
 from workers.batches import Batch, Output
 from workers.commit.offsets import Ready, commit_offsets
-from workers.errors import CommitRefused, WorkerFailed
+from workers.errors import CommitRefused, OutputFailed, WorkerFailed
 
 __all__ = ["AtLeastOnceCommitter", "Committer", "ExactlyOnceCommitter", "bounded"]
 
@@ -35,12 +41,16 @@ def _metadata(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, Off
     return {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
 
 
+class CallTimedOut(KafkaTimeoutError):
+    """A call `bounded` gave up on (its outcome is unknown)."""
+
+
 def bounded(call: Callable[[], _T], timeout_s: float, what: str) -> _T:
     """`call()` on a helper thread, waited for at most `timeout_s`; raises
     KafkaTimeoutError after that. kafka-python's transactional calls (commit, abort,
     send_offsets_to_transaction) wait on their result without a bound; Java's bound them
     by max.block.ms. A call that timed out keeps its thread until it returns (the worker
-    fails and closes the producer, which ends it)."""
+    fails and closes the producer, which ends it). Raises CallTimedOut."""
     box: list[Any] = []
 
     def run() -> None:
@@ -53,7 +63,7 @@ def bounded(call: Callable[[], _T], timeout_s: float, what: str) -> _T:
     t.start()
     t.join(timeout_s)
     if not box:
-        raise KafkaTimeoutError(f"{what} did not complete in {timeout_s:g} s")
+        raise CallTimedOut(f"{what} did not complete in {timeout_s:g} s")
     ok, value = box[0]
     if not ok:
         raise value
@@ -108,6 +118,9 @@ class ExactlyOnceCommitter:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._sent: list[Batch] = []  # batches whose outputs are in the open transaction
+        # A send into the open transaction raised: it holds part of a batch's outputs and
+        # must not be committed.
+        self._broken: BaseException | None = None
 
     def start(self) -> None:
         """Fence an earlier incarnation of this replica (its open transaction is aborted),
@@ -121,8 +134,12 @@ class ExactlyOnceCommitter:
         with self._lock:
             if batch.cancelled:
                 return False
-            for o in outputs:
-                self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+            try:
+                for o in outputs:
+                    self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+            except BaseException as exc:
+                self._broken = self._broken or exc
+                raise
             self._sent.append(batch)
         return True
 
@@ -135,6 +152,8 @@ class ExactlyOnceCommitter:
         # One lock from taking the sent batches to the next transaction: a batch the
         # engine loop sends meanwhile must not be committed without its offsets.
         with self._lock:
+            if self._broken is not None:
+                raise OutputFailed(self._broken)
             if not self._sent:
                 return {}
             # 1. The outputs: already in the transaction (commit_transaction flushes them).
@@ -164,10 +183,18 @@ class ExactlyOnceCommitter:
                 # The coordinator refused the generation (a rebalance moved on without
                 # this member): abortable, like a generation reset.
                 raise CommitRefused(f"the group coordinator refused the commit: {exc}") from exc
-            except Exception as exc:
-                # Fenced, timed out, or a fatal producer error: the transaction is aborted
+            except (CallTimedOut, ProducerFencedError) as exc:
+                # Timed out (the outcome is unknown) or fenced: the transaction is aborted
                 # by this replica's next incarnation (same transactional id); its records
                 # stay invisible to read_committed readers meanwhile.
+                raise WorkerFailed(
+                    f"transaction commit failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            except KafkaError as exc:
+                # An output failed (kafka-python fails the commit with it): abortable; if
+                # the abort fails too, the producer is unusable and the worker fails.
+                raise OutputFailed(exc) from exc
+            except Exception as exc:
                 raise WorkerFailed(
                     f"transaction commit failed: {type(exc).__name__}: {exc}"
                 ) from exc
@@ -199,7 +226,7 @@ class ExactlyOnceCommitter:
         with self._lock:
             if cancel is not None:
                 cancel()
-            self._sent = []
+            self._sent, self._broken = [], None
             self._call(self._producer.abort_transaction, "abort_transaction")
             self._producer.begin_transaction()
 
