@@ -10,6 +10,7 @@ pipeline's handling of engine faults, not an engine.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,6 +82,32 @@ class DownEngine:
         await self.inner.close()
 
 
+class CrashOn:
+    """The fake engine, crashing on any read of a request whose id starts with `prefix`:
+    a FatalEngineError (the worker fails; Ray would restart it), or, with `exit_code`, the
+    whole process dies at once (as an engine that segfaults or is killed for memory)."""
+
+    def __init__(self, inner: Any, prefix: str = "crash", exit_code: int | None = None) -> None:
+        self.inner, self.prefix, self.exit_code = inner, prefix, exit_code
+
+    @property
+    def info(self) -> Any:
+        return self.inner.info
+
+    async def read(self, reads: Sequence[Any]) -> list[Any]:
+        if any(r.tag.startswith(self.prefix) for r in reads):
+            if self.exit_code is not None:
+                os._exit(self.exit_code)
+            from workers.engine.types import FatalEngineError
+
+            raise FatalEngineError("CUDA error: an illegal memory access was encountered")
+        out: list[Any] = await self.inner.read(reads)
+        return out
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 def classifier_with(engine_type: Callable[[Any], Any], settings: Any) -> tuple[Any, Any]:
     """A classifier for `settings`' question sets whose engine is `engine_type(fake)`;
     returns (classifier, engine)."""
@@ -139,6 +166,17 @@ def delete_topic(conn: KafkaConnection, topic: str) -> None:
     try:
         admin.delete_topics([topic])
         wait_for(lambda: topic not in admin.list_topics(), 30, f"{topic} deleted")
+    finally:
+        admin.close()
+
+
+def set_topic_config(conn: KafkaConnection, topic: str, configs: dict[str, str]) -> None:
+    """Change a topic's configs (dynamic: they take effect within moments)."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = _admin(conn)
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
     finally:
         admin.close()
 

@@ -64,6 +64,17 @@ class FakeConsumer:
         return set(self._assignment)
 
 
+class FakeFuture:
+    """A send's outcome, as kafka-python's FutureRecordMetadata shows it."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.is_done = True
+        self.exception = error
+
+    def failed(self) -> bool:
+        return self.exception is not None
+
+
 class FakeProducer:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
@@ -74,8 +85,9 @@ class FakeProducer:
     def begin_transaction(self) -> None:
         self.calls.call("begin_transaction")
 
-    def send(self, topic: str, value: bytes, key: bytes | None, headers: Any) -> None:
+    def send(self, topic: str, value: bytes, key: bytes | None, headers: Any) -> Any:
         self.calls.call("send", topic, key)
+        return FakeFuture(self.calls.fail.get("delivery"))
 
     def send_offsets_to_transaction(
         self, offsets: dict[TopicPartition, OffsetAndMetadata], meta: GroupMetadata
@@ -93,4 +105,4 @@ class FakeProducer:
         self.calls.call("abort_transaction")
 
     def flush(self, timeout: float | None = None) -> None:
-        self.calls.call("flush")
+        self.calls.call("flush", timeout)

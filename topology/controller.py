@@ -153,6 +153,7 @@ class PipelineRunner:
             batching=s.batching,
             delivery=s.delivery,
             static_membership=s.static_membership,
+            reply_topics=s.reply_topics,
             replica=replica,
             resources=ActorResources(
                 gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom

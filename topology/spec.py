@@ -107,6 +107,9 @@ class PipelineSpec(_Frozen):
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
     static_membership: bool = False
+    # Where a request's reply_topic may point (shell-style patterns); the output topic is
+    # always allowed. Default: the Python client's reply topics.
+    reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
 
     @model_validator(mode="after")
     def _topics(self) -> PipelineSpec:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CommitRefused", "OutputFailed", "WorkerFailed"]
+__all__ = ["CommitRefused", "OutputFailed", "Redo", "WorkerFailed"]
 
 
 class WorkerFailed(RuntimeError):
@@ -26,3 +26,9 @@ class OutputFailed(CommitRefused):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"an output of the transaction failed: {type(cause).__name__}: {cause}")
         self.cause = cause
+
+
+class Redo(Exception):
+    """A batch is to be read again at once: the broker refused one of its outputs (too
+    large, a reply topic it may not write); that record is dead-lettered the next time,
+    its neighbours answered."""

@@ -84,6 +84,7 @@ class WorkerMetrics:
         self.transactions_aborted = 0
         self.outage: str | None = None  # the kind of the outage under way
         self.outage_tries = 0
+        self.producer_resets = 0
         self._ray: dict[str, Any] | None = None
         if use_ray if use_ray is not None else _ray_ready():
             self._ray = self._make_ray_metrics()
@@ -230,6 +231,9 @@ class WorkerMetrics:
                 self._ray["outage"].set(1, tags={"kind": kind})
         self.outage = kind
 
+    def record_producer_reset(self) -> None:
+        self.producer_resets += 1
+
     def record_outage_over(self) -> None:
         if self._ray and self.outage is not None:
             self._ray["outage"].set(0, tags={"kind": self.outage})
@@ -270,4 +274,5 @@ class WorkerMetrics:
             "partitions_lost": self.partitions_lost,
             "transactions_aborted": self.transactions_aborted,
             "outage_tries": self.outage_tries,
+            "producer_resets": self.producer_resets,
         }

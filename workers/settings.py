@@ -23,6 +23,7 @@ __all__ = [
     "ConsumerTuning",
     "Delivery",
     "OutageTuning",
+    "PoisonTuning",
     "ProducerTuning",
     "WorkerSettings",
 ]
@@ -97,6 +98,10 @@ class ProducerTuning(_Frozen):
     # Kafka 4.0's Java default (KIP-1030 raised it from 0 to 5 ms): small batches of results
     # share a request, at a cost far below one engine call.
     linger_ms: int = Field(default=5, ge=0, le=10_000)
+    # The largest produce request (so the largest record) the producer sends: kafka-python's
+    # and Java's default, just under the broker's default max.message.bytes (1,048,588).
+    # A result larger than this or its topic's max.message.bytes is OUTPUT_TOO_LARGE.
+    max_request_size: int = Field(default=1_048_576, ge=1_024)
     # How long send() may block on metadata or a full buffer; kafka-python's default.
     max_block_ms: int = Field(default=60_000, ge=100)
     # How long the producer keeps retrying one output (no leader, not enough replicas)
@@ -140,6 +145,23 @@ class OutageTuning(_Frozen):
     # waiting is restarted within the quarter hour; status() and the metrics show the
     # outage meanwhile.
     budget_s: float = Field(default=600.0, gt=0)
+
+
+class PoisonTuning(_Frozen):
+    """A record that keeps killing the worker (an engine crash on it, the process killed
+    while it runs) is isolated, not retried forever. The count lives in the committed
+    offset's metadata of its partition (`workers.poison`)."""
+
+    # The work from one committed offset was started by this many incarnations that all
+    # died before committing past it: the partition's next records run one at a time, each
+    # alone in the worker, so the next crash names its record. 2: one crash is common (a
+    # node lost, an operator's kill); two in a row at the same offset are not.
+    suspect_after: int = Field(default=2, ge=1, le=100)
+    # A record that was running alone when this many incarnations died is dead-lettered
+    # POISON without running it again. 2: a crash with the record alone points at it; a
+    # second rules out a coincidence (the node dying for its own reasons). With the
+    # defaults a poison record costs at most 4 restarts.
+    poison_after: int = Field(default=2, ge=1, le=100)
 
 
 class ActorResources(_Frozen):
@@ -190,6 +212,12 @@ class WorkerSettings(_Frozen):
     # Pause between those tries (doubling each time).
     engine_retry_backoff_s: float = Field(default=0.05, ge=0)
     outage: OutageTuning = Field(default_factory=OutageTuning)
+    poison: PoisonTuning = Field(default_factory=PoisonTuning)
+    # Where a request's reply_topic may point, as shell-style patterns (fnmatch). Default:
+    # the Python client's own reply topics (dgstream.Client names them
+    # "dgstream.replies.<id>"). The output topic is always allowed; internal topics
+    # ("__..."), the input topics and the dead-letter topic never are.
+    reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)

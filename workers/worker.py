@@ -28,7 +28,9 @@ The busy loop, one micro-batch at a time (numbers match the comments below):
  4. Poll up to `max_records - len(batch)` records.
  5. Parse each with `schemas.parse_request`; a refusal (or an unknown question set)
     becomes a dead letter of the batch (code, message, original bytes, topic, partition,
-    offset), never an exception.
+    offset), never an exception. A record that keeps killing the worker is isolated
+    (`workers.poison`: attempts counted in the committed offsets' metadata; a suspect
+    partition's records run one at a time) and dead-lettered POISON.
  6. Submit the batch to the engine loop when it is full, when it has waited `max_wait_ms`,
     or at once when the engine is idle.
 
@@ -40,9 +42,11 @@ On the engine loop, per batch:
     one fails the worker (Ray restarts the actor; uncommitted work is consumed again).
     An engine that is down (unreachable, or failing a known-good probe too) is an
     outage: see below.
- 8. Build the outputs: results keyed by request id with headers (schema_version, model,
-    worker) to the output topic or the request's `reply_topic`; dead letters keyed by the
-    request id when it could be read.
+ 8. Build the outputs (`workers.outputs`): results keyed by request id with headers
+    (schema_version, model, worker) to the output topic or the request's `reply_topic`
+    when the pipeline allows it and it exists (`workers.topics`); dead letters keyed by
+    the request id when it could be read. A result that does not fit its topic, or may
+    not go where it asks, is dead-lettered with its own code.
  9. Produce them after the previous batch's outputs (per-partition order is kept) and
     report the batch done when every output is acknowledged (`acks=all`, idempotent
     producer). Exactly-once: the outputs go into the open transaction, which step 1
@@ -74,6 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -81,28 +86,40 @@ from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, Literal
 
 import structlog
-from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import (
+    ConsumerRebalanceListener,
+    KafkaAdminClient,
+    KafkaConsumer,
+    KafkaProducer,
+    TopicPartition,
+)
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
 from schemas import (
-    SCHEMA_VERSION,
-    ClassificationResult,
-    DeadLetter,
     ErrorCode,
     RequestError,
     parse_request,
 )
 from workers.batches import Batch, Entry, Output, tp_name
 from workers.classify import BatchClassifier
-from workers.commit import AtLeastOnceCommitter, Committer, ExactlyOnceCommitter, OffsetTracker
+from workers.commit import (
+    AtLeastOnceCommitter,
+    Committer,
+    ExactlyOnceCommitter,
+    Marks,
+    OffsetTracker,
+)
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError
-from workers.errors import CommitRefused, OutputFailed, WorkerFailed
+from workers.errors import CommitRefused, OutputFailed, Redo, WorkerFailed
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
 from workers.outage import Outage, OutageClock, produce_outage
+from workers.outputs import OutputBuilder
+from workers.poison import PoisonGuard
 from workers.settings import WorkerSettings
+from workers.topics import TopicGuard, admin_describe
 
 __all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
 
@@ -130,9 +147,10 @@ _IDLE_POLL_MS = 100
 _LAG_EVERY_S = 0.5
 # Close the clients within this bound on the way out.
 _CLOSE_TIMEOUT_S = 10.0
-# A reply topic that could not be reached is not tried again for this long (each try may
-# block up to the producer's max_block_ms on a metadata request).
-_BAD_TOPIC_TTL_S = 60.0
+# An output the broker refuses for good reads the open work again at once, this many times
+# in a row at most (one suffices once the output check knows the topic's new limit or
+# ACLs); past that, the refusals are handled as an outage: backoff, within the budget.
+_REDO_LIMIT = 3
 
 
 # ------------------------------------------------------------------------------ rebalances
@@ -222,8 +240,17 @@ class StreamWorker:
         self._classified = 0  # written by the engine loop
         self._send_turn: asyncio.Event | None = None  # engine loop only
 
-        self._good_topics: set[str] = {settings.output_topic}
-        self._bad_topics: dict[str, tuple[float, str]] = {}
+        self._admin: Any = None
+        self._topics: TopicGuard | None = None
+        self._builder: OutputBuilder | None = None
+        # The last error an output met (producer I/O thread): what an exactly-once commit
+        # that failed with kafka-python's generic "error state" was about.
+        self._last_output_error: BaseException | None = None
+        self._redo_streak = 0  # reads again in a row without a commit in between
+        b = settings.batching
+        self._poison = PoisonGuard(settings.poison, b.max_in_flight * b.max_records)
+        self._marks: dict[TopicPartition, tuple[int, str]] = {}  # to commit before submitting
+        self._producer_broken = False  # set by an abort that failed: reset before new work
 
     # ================================================================== public API
 
@@ -349,8 +376,24 @@ class StreamWorker:
         # Build the engine on its own loop (an in-process vLLM binds to the loop it starts on).
         self._classifier = self._on_loop(self._build_classifier()).result()
         self._model = self._classifier.engine.info.model.encode()
+        self._producer = self._make_producer()
+        # Where outputs may go and how large they may be: asked on a connection of its own
+        # (one request, answered at once, where the producer would wait for metadata).
+        self._admin = KafkaAdminClient(**s.kafka.client_kwargs(client_id=f"{self._client}-admin"))
+        self._topics = TopicGuard(s, admin_describe(self._admin))
+        for topic in (s.output_topic, s.dead_letter_topic):
+            self._topics.lookup(topic)  # their max.message.bytes (a failure keeps the default)
+        self._builder = OutputBuilder(s, self._model, self._topics, self.log)
+        self._consumer = self._make_consumer()
+        self._make_committer()
+        subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
 
-        client_id = f"{s.kafka.client_id}-{self.name}"
+    @property
+    def _client(self) -> str:
+        return f"{self.settings.kafka.client_id}-{self.name}"
+
+    def _make_producer(self) -> Any:
+        s = self.settings
         producer_kw: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
@@ -360,16 +403,20 @@ class StreamWorker:
             "linger_ms": s.producer.linger_ms,
             "max_block_ms": s.producer.max_block_ms,
             "delivery_timeout_ms": s.producer.delivery_timeout_ms,
+            "max_request_size": s.producer.max_request_size,
             "request_timeout_ms": s.producer.request_timeout_ms,
         }
         if self._eos:
             producer_kw["transactional_id"] = s.transactional_id
             producer_kw["transaction_timeout_ms"] = s.producer.transaction_timeout_ms
-        self._producer = KafkaProducer(
-            **s.kafka.client_kwargs(client_id=f"{client_id}-producer"), **producer_kw
+        producer = KafkaProducer(
+            **s.kafka.client_kwargs(client_id=f"{self._client}-producer"), **producer_kw
         )
-        _no_auto_create(self._producer)
+        _no_auto_create(producer)
+        return producer
 
+    def _make_consumer(self) -> Any:
+        s = self.settings
         consumer_kw: dict[str, Any] = {
             "group_id": s.group_id,
             "enable_auto_commit": False,
@@ -383,16 +430,36 @@ class StreamWorker:
         }
         if s.static_membership:
             consumer_kw["group_instance_id"] = s.group_instance_id
-        self._consumer = KafkaConsumer(
-            **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
+        return KafkaConsumer(
+            **s.kafka.client_kwargs(client_id=f"{self._client}-consumer"), **consumer_kw
         )
+
+    def _make_committer(self) -> None:
+        timeout = self.settings.commit_timeout_s
         if self._eos:
-            self._txn = ExactlyOnceCommitter(self._producer, self._consumer, s.commit_timeout_s)
+            # init_transactions fences an earlier producer of this replica (an earlier
+            # incarnation, or this one's own before a reset) and aborts its transaction.
+            self._txn = ExactlyOnceCommitter(self._producer, self._consumer, timeout)
             self._txn.start()
             self._committer = self._txn
         else:
-            self._committer = AtLeastOnceCommitter(self._consumer, self.log, s.commit_timeout_s)
-        subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
+            self._committer = AtLeastOnceCommitter(self._consumer, self.log, timeout)
+
+    def _reset_producer(self, reason: str) -> None:
+        """A new producer in place of one that kafka-python made unusable (its idempotent
+        sender treats a record the broker refused for good as fatal). The open work is
+        abandoned first; under exactly-once the new producer fences the old one."""
+        with self._state_lock:
+            self._apply_completions()
+            self._abandon(f"producer reset: {reason}")
+            self._producer_broken = False
+            old = self._producer
+            with contextlib.suppress(Exception):
+                old.close(timeout=_CLOSE_TIMEOUT_S)
+            self._producer = self._make_producer()
+            self._make_committer()
+        self.metrics.record_producer_reset()
+        self.log.warning("producer_reset", reason=reason[:300])
 
     async def _build_classifier(self) -> Classifier:
         if self._classifier is not None:
@@ -431,6 +498,9 @@ class StreamWorker:
                 producer.close(timeout=_CLOSE_TIMEOUT_S)
             except Exception as exc:
                 self.log.warning("producer_close_failed", error=str(exc))
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
         loop, thread = self._loop, self._loop_thread
         if loop is not None and thread is not None:
             if self._classifier is not None:
@@ -489,9 +559,7 @@ class StreamWorker:
             self._maybe_update_lag()
             # 3. Backpressure: every slot is taken (the batch being filled needs one), or
             #    an outage holds new work back until its next try.
-            if self._offsets.in_flight >= self.settings.batching.max_in_flight or (
-                self._outage.holding()
-            ):
+            if self._offsets.in_flight >= self._slots() or self._outage.holding():
                 self._wait_full()
                 continue
             # 4. Poll.
@@ -505,8 +573,14 @@ class StreamWorker:
                 # 6. Submit when full, when waited long enough, or when the engine is idle.
                 self._maybe_submit()
 
+    def _slots(self) -> int:
+        """Batches allowed between poll and commit: one while a partition is suspect."""
+        return 1 if self._poison.careful() else self.settings.batching.max_in_flight
+
     def _control(self) -> bool:
         """Step 2: whether to leave the loop (raises on a failure)."""
+        if self._producer_broken and self._failure is None:
+            self._reset_producer("an abort failed")
         if self._failure is not None:
             raise WorkerFailed(
                 f"{type(self._failure).__name__}: {self._failure}"
@@ -531,7 +605,7 @@ class StreamWorker:
             timeout_ms = _IDLE_POLL_MS
         if self._rejoin_pending():
             timeout_ms = max(timeout_ms, _REJOIN_POLL_MS)
-        room = b.max_records - (len(acc) if acc is not None else 0)
+        room = (1 if self._poison.careful() else b.max_records) - (len(acc) if acc else 0)
         records: dict[TopicPartition, list[Any]] = self._consumer.poll(
             timeout_ms=timeout_ms, max_records=max(room, 1)
         )
@@ -546,6 +620,7 @@ class StreamWorker:
             return
         if (
             len(acc) >= b.max_records
+            or self._poison.careful()
             or time.monotonic() - acc.started >= b.max_wait_ms / 1000
             or self._submitted == self._classified
         ):
@@ -588,37 +663,81 @@ class StreamWorker:
                     consumer.seek(tp, recs[0].offset)
 
     def _take(self, records: dict[TopicPartition, list[Any]]) -> None:
-        """Step 5: parse the polled records into the batch being filled."""
+        """Step 5: parse the polled records into the batch being filled. While a partition
+        is suspect (`workers.poison`) the batch takes one record; the rest are sought
+        back and polled again."""
+        for tp, recs in records.items():
+            if recs and not self._poison.known(tp):
+                self._first_seen(tp, recs[0].offset)
         if self._acc is None:
             self._seq += 1
             self._acc = Batch(self._seq)
         acc = self._acc
-        limits = self.settings.parse_limits
-        sets = self.settings.question_sets
+        room = 1 - len(acc) if self._poison.careful() else sum(map(len, records.values()))
         n = 0
         for tp, recs in records.items():
             if recs:
                 self._offsets.saw(tp, recs[0].offset)
             for rec in recs:
+                if n >= room:
+                    self._consumer.seek(tp, rec.offset)
+                    break
                 n += 1
-                value = rec.value
-                entry = Entry(tp, rec.offset, rec.key, value, rec.timestamp)
-                parsed = parse_request(value, limits)
-                if isinstance(parsed, RequestError):
-                    entry.error = parsed
-                elif parsed.question_set is not None and parsed.question_set not in sets:
-                    entry.error = RequestError(
-                        code=ErrorCode.UNKNOWN_QUESTION_SET,
-                        message=f"question_set: no question set named {parsed.question_set!r} "
-                        f"in pipeline {self.settings.pipeline!r}",
-                        field="question_set",
-                    )
-                else:
-                    entry.request = parsed
-                acc.add(entry)
+                acc.add(self._entry(tp, rec))
         self.metrics.record_consumed(n)
 
+    def _entry(self, tp: TopicPartition, rec: Any) -> Entry:
+        entry = Entry(tp, rec.offset, rec.key, rec.value, rec.timestamp)
+        killed = self._poison.poison(tp, rec.offset)
+        if killed is not None:
+            entry.error = RequestError(
+                code=ErrorCode.POISON,
+                message=f"this record was running alone when {killed.alone} worker "
+                "incarnations died (an engine crash on it, or the process killed); it is "
+                "not tried again",
+            )
+            return entry
+        parsed = parse_request(rec.value, self.settings.parse_limits)
+        if isinstance(parsed, RequestError):
+            entry.error = parsed
+        elif parsed.question_set is not None and parsed.question_set not in (
+            self.settings.question_sets
+        ):
+            entry.error = RequestError(
+                code=ErrorCode.UNKNOWN_QUESTION_SET,
+                message=f"question_set: no question set named {parsed.question_set!r} "
+                f"in pipeline {self.settings.pipeline!r}",
+                field="question_set",
+            )
+        else:
+            entry.request = parsed
+        return entry
+
+    def _first_seen(self, tp: TopicPartition, first: int) -> None:
+        """The partition's first records this incarnation: count the attempt (committed
+        before they run, in the committed offset's metadata)."""
+        try:
+            meta = self._consumer.committed(tp, metadata=True)
+        except Exception as exc:
+            self.log.warning("committed_offset_unknown", partition=tp_name(tp), error=str(exc))
+            meta = None
+        committed = None if meta is None else meta.offset
+        text = None if meta is None else meta.metadata
+        self._marks[tp] = self._poison.first_seen(tp, first, committed, text)
+        if self._poison.suspect(tp):
+            self.log.warning("partition_suspect", partition=tp_name(tp), offset=first, seen=text)
+
     def _submit(self, batch: Batch) -> None:
+        """The batch goes to the engine, once the attempt counts it needs are committed."""
+        marks, self._marks = self._marks, {}
+        for e in batch.entries:
+            mark = self._poison.before_alone(e.tp, e.offset)
+            if mark is not None:
+                marks[e.tp] = mark
+        if marks:
+            self._settle(sync=True, marks=marks)
+            if self._acc is not batch or self._failure is not None:
+                return  # abandoned meanwhile (a stale membership): read again
         self._acc = None
         self._offsets.track(batch)
         self._submitted += 1
@@ -642,6 +761,12 @@ class StreamWorker:
         with self._state_lock:
             self._settle(sync=True)
             left = self._offsets.in_flight
+            if not left:
+                # Leaving cleanly is no crash: undo the attempt counts of partitions
+                # this incarnation made no progress on.
+                marks = self._poison.write_back(set(self._assignment))
+                if marks:
+                    self._settle(sync=True, marks=marks)
             if left:
                 # The next owner reads them again; nothing of theirs may reach the output
                 # after this (exactly-once: no transaction left open until its timeout,
@@ -661,8 +786,12 @@ class StreamWorker:
                 batch, exc = self._done_q.get_nowait()
             except queue.Empty:
                 return
+            if exc is not None and batch.cancelled and not isinstance(exc, FatalEngineError):
+                continue  # abandoned already: read again
             if isinstance(exc, Outage):
                 self._on_outage(exc)
+            elif isinstance(exc, Redo):
+                self._on_redo(exc)
             elif exc is not None:
                 self._failure = self._failure or exc
             else:
@@ -678,6 +807,13 @@ class StreamWorker:
         self.metrics.record_outage_try(outage.kind)
         if self._outage.exhausted():
             budget = self.settings.outage.budget_s
+            # An outage is not the records' fault: this incarnation's attempts are not
+            # counted (best effort: the commit may be out of reach too).
+            self._abandon(str(outage))
+            with contextlib.suppress(Exception):
+                marks = self._poison.write_back(set(self._assignment))
+                if marks and self._committer is not None:
+                    self._committer.commit(dict, sync=True, marks=marks)
             self._failure = self._failure or WorkerFailed(
                 f"{outage} for longer than the outage budget ({budget:g} s)"
             )
@@ -691,14 +827,28 @@ class StreamWorker:
         )
         self._abandon(str(outage))
 
+    def _on_redo(self, redo: Redo) -> None:
+        """The broker refused an output for good: read the open work again at once (the
+        output check now knows why and dead-letters that record); a refusal that keeps
+        coming back is handled as an outage (backoff, budget)."""
+        self._redo_streak += 1
+        if self._redo_streak > _REDO_LIMIT:
+            self._on_outage(Outage("output", f"outputs keep failing: {redo}"[:500]))
+            return
+        self._abandon(str(redo))
+        if self._txn is None:
+            # kafka-python's idempotent producer makes a record refused for good fatal.
+            self._producer_broken = True
+
     def _end_outage(self) -> None:
         kind, tries = self._outage.kind, self._outage.tries
         lasted = self._outage.clear()
         self.metrics.record_outage_over()
         self.log.info("outage_over", kind=kind, tries=tries, lasted_s=round(lasted, 3))
 
-    def _settle(self, *, sync: bool) -> None:
-        """Step 1: apply completions, commit the contiguous done prefix of each partition.
+    def _settle(self, *, sync: bool, marks: Marks | None = None) -> None:
+        """Step 1: apply completions, commit the contiguous done prefix of each partition
+        (and `marks`, the poison guard's attempt counts, for partitions with none).
 
         `sync`: commit and wait (consumer thread); otherwise commit_async (the listener,
         which runs on the I/O thread and must not block on it)."""
@@ -708,16 +858,24 @@ class StreamWorker:
         self._note_membership()
         assert self._committer is not None
         try:
-            committed = self._committer.commit(self._offsets.ready, sync=sync)
+            committed = self._committer.commit(self._offsets.ready, sync=sync, marks=marks)
         except OutputFailed as exc:
-            # An output of the transaction failed: abort it, then as any produce error.
-            self._abandon(str(exc))
-            self._on_outage(produce_outage(exc.cause) or Outage("output", str(exc.cause)))
+            # An output of the transaction failed (kafka-python says only that it is in
+            # an error state): as that output's own error.
+            cause, self._last_output_error = self._last_output_error or exc.cause, None
+            outage = produce_outage(cause)
+            if outage is not None:
+                self._on_outage(outage)
+            else:
+                self._on_redo(Redo(f"{exc}: {type(cause).__name__}: {cause}"))
             return
         except CommitRefused as exc:
             self._abandon(str(exc))
             return
+        for tp, (offset, _) in committed.items():
+            self._poison.committed(tp, offset)
         if committed:
+            self._redo_streak = 0
             self._offsets.retire(committed)
             self.metrics.set_in_flight(self._offsets.in_flight)
 
@@ -785,6 +943,11 @@ class StreamWorker:
                     # Their outputs would land in a later transaction without their
                     # offsets: abandon the open work (the kept partitions read it again).
                     self._guard(lambda: self._abandon("revoke timeout"))
+            if not lost and not closing:
+                marks = self._poison.write_back(revoked)
+                if marks:
+                    self._guard(lambda: self._settle(sync=False, marks=marks))
+            self._poison.forget(revoked)
             # On the way out, status() keeps the last commits.
             abandoned = self._offsets.forget(revoked, keep_committed=self._closing)
             self.metrics.set_in_flight(self._offsets.in_flight)
@@ -826,7 +989,15 @@ class StreamWorker:
                     b.cancelled = True
 
             if self._txn is not None:
-                self._txn.abort(cancel)
+                try:
+                    self._txn.abort(cancel)
+                except Exception as exc:
+                    # The producer is unusable (kafka-python made it fatal): the loop
+                    # replaces it before taking new work; the new one fences this one,
+                    # which aborts its transaction on the broker.
+                    cancel()
+                    self._producer_broken = True
+                    self.log.warning("abort_failed", error=f"{type(exc).__name__}: {exc}")
                 self.metrics.record_aborted()
             else:
                 cancel()
@@ -901,7 +1072,8 @@ class StreamWorker:
             self.metrics.record_batch(len(batch))
             if requests:
                 self.metrics.record_engine(time.perf_counter() - t0, step.calls)
-            outputs = await self._outputs(batch, outcomes)
+            assert self._builder is not None
+            outputs = await self._builder.build(batch, outcomes)
             if prev is not None:
                 await prev.wait()
             self._produce(batch, outputs)
@@ -914,123 +1086,22 @@ class StreamWorker:
         finally:
             mine.set()  # the next batch's outputs may go (a failed one sends nothing more)
 
-    async def _outputs(
-        self, batch: Batch, outcomes: list[ClassificationResult | RequestError]
-    ) -> list[Output]:
-        """Step 8: one output per input record, in input order."""
-        worker = self.name.encode()
-        version = str(SCHEMA_VERSION).encode()
-        result_headers = [("schema_version", version), ("model", self._model), ("worker", worker)]
-        it = iter(outcomes)
-        out: list[Output] = []
-        for entry in batch.entries:
-            outcome = next(it) if entry.error is None else entry.error
-            try:
-                out.append(await self._output(entry, outcome, result_headers))
-            except Exception as exc:  # a bug must not poison the partition: dead-letter it
-                self.log.error("output_failed", error=repr(exc), exc_info=True)
-                error = RequestError(
-                    code=ErrorCode.ENGINE_FAILED,
-                    message=f"the worker could not build this request's output: {exc!r}"[:500],
-                )
-                out.append(self._dead_letter(entry, error))
-        return out
-
-    async def _output(
-        self,
-        entry: Entry,
-        outcome: ClassificationResult | RequestError,
-        headers: list[tuple[str, bytes]],
-    ) -> Output:
-        if isinstance(outcome, RequestError):
-            return self._dead_letter(entry, outcome)
-        assert entry.request is not None
-        topic = entry.request.reply_topic or self.settings.output_topic
-        problem = None if topic in self._good_topics else await self._check(topic)
-        if problem is not None:
-            error = RequestError(
-                code=ErrorCode.INVALID_REPLY_TOPIC,
-                message=f"reply_topic: cannot write to {topic!r}: {problem}",
-                field="reply_topic",
-            )
-            return self._dead_letter(entry, error)
-        value = outcome.model_dump_json().encode()
-        return Output(topic, outcome.id.encode(), value, headers, entry, None)
-
-    def _dead_letter(self, entry: Entry, error: RequestError) -> Output:
-        s = self.settings
-        letter = DeadLetter.build(
-            error,
-            entry.value,
-            entry.tp.topic,
-            entry.tp.partition,
-            entry.offset,
-            entry.key,
-            entry.timestamp_ms if entry.timestamp_ms >= 0 else None,
-            self.name,
-            max_original_bytes=s.producer.max_dead_letter_original_bytes,
-        )
-        headers = [
-            ("schema_version", str(SCHEMA_VERSION).encode()),
-            ("worker", self.name.encode()),
-            ("error_code", error.code.value.encode()),
-        ]
-        key = letter.request_id.encode() if letter.request_id else None
-        self.log.info(
-            "dead_letter",
-            request_id=letter.request_id,
-            code=error.code.value,
-            message=error.message[:300],
-            topic=entry.tp.topic,
-            partition=entry.tp.partition,
-            offset=entry.offset,
-        )
-        return Output(
-            s.dead_letter_topic,
-            key,
-            letter.model_dump_json().encode(),
-            headers,
-            entry,
-            error.code.value,
-        )
-
-    async def _check(self, topic: str) -> str | None:
-        """Whether a reply topic can be written (its metadata can be had); cached."""
-        bad = self._bad_topics.get(topic)
-        if bad is not None and time.monotonic() - bad[0] < _BAD_TOPIC_TTL_S:
-            return bad[1]
-        loop = asyncio.get_running_loop()
-        problem: str | None
-        try:
-            parts = await loop.run_in_executor(None, self._producer.partitions_for, topic)
-        except Exception as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        else:
-            problem = None if parts else "the topic has no partitions"
-        if problem is None:
-            self._good_topics.add(topic)
-            self._bad_topics.pop(topic, None)
-            return None
-        self._bad_topics[topic] = (time.monotonic(), problem)
-        return problem
-
     def _produce(self, batch: Batch, outputs: list[Output]) -> None:
-        """Step 9: send; the batch is done when every output is acknowledged."""
+        """Step 9: send; the batch is done when every output is acknowledged (exactly-
+        once: when they are in the open transaction)."""
         if batch.cancelled:  # abandoned meanwhile: its records are read again
             return
-        producer = self._producer
-        now_ms = time.time() * 1000
-        e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
-        dead = [o.dead_code for o in outputs if o.dead_code is not None]
-        answered = len(outputs) - len(dead)
         if self._debug:
             for o in outputs:
                 if o.dead_code is None and o.key is not None:
                     self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
         if self._txn is not None:
-            if not self._txn.send(batch, outputs):
+            futures = self._txn.send(batch, outputs)
+            if futures is None:
                 return
-            self.metrics.record_outputs(answered, dead, e2e)
+            for o, fut in zip(outputs, futures, strict=True):
+                fut.add_errback(functools.partial(self._output_failed, batch, o))
+            self._record_outputs(outputs)
             self._done_q.put((batch, None))  # in the transaction (an outage is over)
             self._wake.set()
             return
@@ -1050,14 +1121,33 @@ class StreamWorker:
                 self._done_q.put((batch, None))
                 self._wake.set()
 
-        def on_error(exc: BaseException) -> None:
-            self._report(batch, produce_outage(exc) or exc)
-
         for o in outputs:
-            fut = producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+            fut = self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
             fut.add_callback(on_ack)
-            fut.add_errback(on_error)
-        self.metrics.record_outputs(answered, dead, e2e)
+            fut.add_errback(functools.partial(self._output_failed, batch, o))
+        self._record_outputs(outputs)
+
+    def _record_outputs(self, outputs: list[Output]) -> None:
+        now_ms = time.time() * 1000
+        e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
+        dead = [o.dead_code for o in outputs if o.dead_code is not None]
+        self.metrics.record_outputs(len(outputs) - len(dead), dead, e2e)
+
+    def _output_failed(self, batch: Batch, output: Output, exc: BaseException) -> None:
+        """The broker refused an output (producer I/O thread). What was known of its topic
+        (limit, ACLs) is asked again; waiting may cure some errors (an outage); for the
+        rest the batch is read again, and the output check refuses the record that does
+        not fit (kafka-python fails every batch in flight with the refused one's error,
+        so the error alone does not say which record it was)."""
+        self._last_output_error = exc
+        if self._topics is not None:
+            self._topics.forget(output.topic)
+        failed = f"an output to {output.topic!r} failed: {exc}"
+        self._report(batch, produce_outage(exc) or Redo(failed))
+        if self._txn is None:
+            # kafka-python's idempotent sender may have gone fatal with this batch (it does
+            # for a record refused for good): the loop puts a new producer in first.
+            self._producer_broken = True
 
     def _report(self, batch: Batch, exc: BaseException) -> None:
         with batch.lock:

@@ -12,6 +12,7 @@ from kafka.errors import (
     FencedInstanceIdError,
     KafkaError,
     KafkaTimeoutError,
+    NotEnoughReplicasError,
     ProducerFencedError,
 )
 from kafka_fakes import Calls, FakeConsumer, FakeProducer
@@ -139,7 +140,7 @@ def _eos(
     return calls, committer, OffsetTracker(), consumer
 
 
-def test_exactly_once_commit_is_offsets_then_commit_then_begin() -> None:
+def test_exactly_once_commit_is_flush_then_offsets_then_commit_then_begin() -> None:
     calls, committer, tracker, _ = _eos()
     assert calls.names() == ["init_transactions", "begin_transaction"]
     b = _batch(1, (T0, 0), (T1, 3))
@@ -151,11 +152,13 @@ def test_exactly_once_commit_is_offsets_then_commit_then_begin() -> None:
     assert done == {T0: (1, 1), T1: (4, 1)} and b.done
     assert calls.names()[2:] == [
         "send",
+        "flush",
         "send_offsets_to_transaction",
         "commit_transaction",
         "begin_transaction",
     ]
-    offsets, member = calls.events[3][1:]
+    assert calls.events[3][1] == 5.0  # the flush is bounded too
+    offsets, member = calls.events[4][1:]
     assert offsets == {T0: 1, T1: 4} and member == (1, "member-1")
 
 
@@ -210,6 +213,20 @@ def test_exactly_once_a_failed_output_makes_the_commit_abortable() -> None:
     assert "NotEnoughReplicas" in str(caught.value.cause)
 
 
+def test_exactly_once_an_output_that_failed_stops_the_commit_before_the_offsets() -> None:
+    """kafka-python would wait forever to add offsets to a transaction whose output failed:
+    the committer looks at the outputs first."""
+    calls, committer, tracker, _ = _eos()
+    calls.fail["delivery"] = NotEnoughReplicasError()
+    b = _batch(1, (T0, 0))
+    tracker.track(b)
+    committer.send(b, [_output(b)])
+    with pytest.raises(OutputFailed) as caught:
+        committer.commit(tracker.ready)
+    assert isinstance(caught.value.cause, NotEnoughReplicasError)
+    assert "send_offsets_to_transaction" not in calls.names()
+
+
 def test_exactly_once_a_send_that_raised_breaks_the_transaction_until_aborted() -> None:
     """Part of a batch's outputs are in the transaction: it must not be committed."""
     calls, committer, tracker, _ = _eos()
@@ -248,10 +265,9 @@ def test_exactly_once_a_member_out_of_the_group_commits_nothing(
     calls, committer, tracker, consumer = _eos()
     _sent_batch(committer, tracker)
     consumer.meta.generation_id, consumer.meta.member_id = generation, member
-    before = calls.names()
     with pytest.raises(CommitRefused, match="not a member"):
         committer.commit(tracker.ready)
-    assert calls.names() == before  # no offsets sent, nothing committed
+    assert calls.names()[-1] == "flush"  # no offsets sent, nothing committed
 
 
 def test_exactly_once_offsets_of_a_partition_no_longer_owned_are_refused() -> None:
@@ -300,6 +316,6 @@ def test_exactly_once_abort_cancels_the_batches_in_flight() -> None:
     committer.abort(cancel)
     assert committer.in_transaction() == set()
     assert calls.names()[-2:] == ["abort_transaction", "begin_transaction"]
-    assert committer.send(late, [_output(late)]) is False
+    assert committer.send(late, [_output(late)]) is None
     assert calls.names()[-1] == "begin_transaction"  # nothing sent
     assert committer.commit(tracker.ready) == {}

@@ -77,7 +77,7 @@ def test_engine_outage_holds_the_work_and_resumes(
     status = wt.worker.status()
     assert status["state"] == "running" and status["dead_lettered"] == 0
     assert status["answered"] == 0 and status["outage_tries"] >= 3
-    assert pipeline.committed() == {}  # nothing was given up on
+    assert not any(pipeline.committed().values())  # nothing was given up on
     engine.down.clear()  # the engine is back
     _all_answered_once(pipeline, ids, delivery)
     _no_dead_letters(pipeline)
@@ -109,7 +109,7 @@ def test_output_topic_missing_holds_the_work_and_resumes(
     print("\noutage:", outage)
     assert outage["kind"] == "output"
     assert wt.worker.status()["state"] == "running"
-    assert pipeline.committed() == {}
+    assert not any(pipeline.committed().values())
     ensure_topics(pipeline.conn, {pipeline.output: 3})
     _all_answered_once(pipeline, ids, delivery)
     _no_dead_letters(pipeline)
@@ -135,5 +135,5 @@ def test_an_outage_past_its_budget_fails_the_worker_and_dead_letters_nothing(
     assert isinstance(wt.error, WorkerFailed)
     assert "outage budget" in str(wt.error)
     assert wt.worker.status()["dead_lettered"] == 0
-    assert pipeline.committed() == {}  # the next incarnation reads them all again
+    assert not any(pipeline.committed().values())  # the next incarnation reads them all
     _no_dead_letters(pipeline)

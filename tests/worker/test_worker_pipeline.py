@@ -140,6 +140,7 @@ def test_worker_bad_messages_dead_lettered_good_ones_answered_then_drain(
     settings = pipeline.settings(
         parse_limits={"max_message_bytes": 4096, "max_state_chars": 200},
         batching={"max_records": 16, "max_wait_ms": 20},
+        reply_topics=["reply-*"],
     )
     reply = unique_name("reply")
     ensure_topics(pipeline.conn, {reply: 1})  # a reply topic must exist (none is created)

@@ -29,16 +29,29 @@ __all__ = ["AtLeastOnceCommitter", "Committer", "ExactlyOnceCommitter", "bounded
 _T = TypeVar("_T")
 
 
+# tp -> (offset, metadata): a commit that records something beside the offset (the
+# poison guard's attempt counts, `workers.poison`).
+Marks = Mapping[TopicPartition, tuple[int, str]]
+
+
 class Committer(Protocol):
-    def commit(self, ready: Callable[[], Ready], *, sync: bool) -> Ready:
-        """Commit what `ready()` (the tracker's contiguous done prefixes) allows; returns
-        what was committed, {} for nothing now (the batches stay tracked and are tried
-        again on the next pass). Raises `WorkerFailed` when this member must stop."""
+    def commit(
+        self, ready: Callable[[], Ready], *, sync: bool, marks: Marks | None = None
+    ) -> Ready:
+        """Commit what `ready()` (the tracker's contiguous done prefixes) allows, and
+        `marks` for partitions with nothing ready; returns what was committed, {} for
+        nothing now (the batches stay tracked and are tried again on the next pass).
+        Raises `WorkerFailed` when this member must stop."""
         ...
 
 
-def _metadata(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, OffsetAndMetadata]:
-    return {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
+def _metadata(
+    offsets: Mapping[TopicPartition, int], marks: Marks | None = None
+) -> dict[TopicPartition, OffsetAndMetadata]:
+    """Offsets to commit: cleared metadata where work is done, the marks elsewhere."""
+    out = {tp: OffsetAndMetadata(off, meta, -1) for tp, (off, meta) in (marks or {}).items()}
+    out.update({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+    return out
 
 
 class CallTimedOut(KafkaTimeoutError):
@@ -79,20 +92,22 @@ class AtLeastOnceCommitter:
         self._log = log
         self._timeout_ms = int(timeout_s * 1000)
 
-    def commit(self, ready: Callable[[], Ready], *, sync: bool) -> Ready:
+    def commit(
+        self, ready: Callable[[], Ready], *, sync: bool, marks: Marks | None = None
+    ) -> Ready:
         done = ready()
-        if not done:
+        if not done and not marks:
             return {}
-        offsets = commit_offsets(done)
+        offsets = _metadata(commit_offsets(done), marks)
         # 1. The outputs: nothing to flush. A batch is done only once the broker has
         #    acknowledged every one of its outputs (acks=all).
         # 2. The offsets: wait for them on the consumer thread; from the rebalance
         #    listener (kafka-python's I/O thread) send them without waiting.
         try:
             if sync:
-                self._consumer.commit(_metadata(offsets), timeout_ms=self._timeout_ms)
+                self._consumer.commit(offsets, timeout_ms=self._timeout_ms)
             else:
-                self._consumer.commit_async(_metadata(offsets))
+                self._consumer.commit_async(offsets)
         except FencedInstanceIdError as exc:
             # Another live member has this replica's static id: this one is a zombie.
             raise WorkerFailed(f"fenced: {exc}") from exc
@@ -118,6 +133,7 @@ class ExactlyOnceCommitter:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._sent: list[Batch] = []  # batches whose outputs are in the open transaction
+        self._futures: list[Any] = []  # their send futures
         # A send into the open transaction raised: it holds part of a batch's outputs and
         # must not be committed.
         self._broken: BaseException | None = None
@@ -128,40 +144,48 @@ class ExactlyOnceCommitter:
         self._producer.init_transactions()
         self._producer.begin_transaction()
 
-    def send(self, batch: Batch, outputs: Sequence[Output]) -> bool:
-        """A batch's outputs into the open transaction (engine loop); False, sending
-        nothing, for a cancelled batch."""
+    def send(self, batch: Batch, outputs: Sequence[Output]) -> list[Any] | None:
+        """A batch's outputs into the open transaction (engine loop): their send futures;
+        None, sending nothing, for a cancelled batch."""
         with self._lock:
             if batch.cancelled:
-                return False
+                return None
+            futures = []
             try:
                 for o in outputs:
-                    self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+                    futures.append(
+                        self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+                    )
             except BaseException as exc:
                 self._broken = self._broken or exc
                 raise
             self._sent.append(batch)
-        return True
+            self._futures.extend(futures)
+        return futures
 
     def in_transaction(self) -> set[int]:
         """ids of the batches whose outputs are in the open transaction."""
         with self._lock:
             return {id(b) for b in self._sent}
 
-    def commit(self, ready: Callable[[], Ready], *, sync: bool = True) -> Ready:
+    def commit(
+        self, ready: Callable[[], Ready], *, sync: bool = True, marks: Marks | None = None
+    ) -> Ready:
         # One lock from taking the sent batches to the next transaction: a batch the
         # engine loop sends meanwhile must not be committed without its offsets.
         with self._lock:
             if self._broken is not None:
                 raise OutputFailed(self._broken)
-            if not self._sent:
+            if not self._sent and not marks:
                 return {}
-            # 1. The outputs: already in the transaction (commit_transaction flushes them).
-            #    Their batches are done: their offsets go into this transaction.
+            # 1. The outputs: delivered, every one (kafka-python would wait forever to add
+            #    offsets to a transaction an output failed in). Their batches are done:
+            #    their offsets go into this transaction.
+            self._flush()
             for b in self._sent:
                 b.done = True
             done = ready()
-            offsets = commit_offsets(done)
+            offsets = _metadata(commit_offsets(done), marks)
             # 2. Only a current member commits offsets: the coordinator accepts a
             #    transactional commit that names no member and no generation from anyone.
             meta = self._check_membership(offsets)
@@ -170,9 +194,7 @@ class ExactlyOnceCommitter:
                 #    generation, so the coordinator refuses them from a zombie.
                 if offsets:
                     self._call(
-                        lambda: self._producer.send_offsets_to_transaction(
-                            _metadata(offsets), meta
-                        ),
+                        lambda: self._producer.send_offsets_to_transaction(offsets, meta),
                         "send_offsets_to_transaction",
                     )
                 # 4. Commit: outputs and offsets become visible together.
@@ -198,10 +220,20 @@ class ExactlyOnceCommitter:
                 raise WorkerFailed(
                     f"transaction commit failed: {type(exc).__name__}: {exc}"
                 ) from exc
-            self._sent = []
+            self._sent, self._futures = [], []
         return done
 
-    def _check_membership(self, offsets: Mapping[TopicPartition, int]) -> Any:
+    def _flush(self) -> None:
+        """Wait for the open transaction's outputs; OutputFailed with the first error."""
+        try:
+            self._producer.flush(timeout=self._timeout_s)
+        except KafkaTimeoutError as exc:
+            raise OutputFailed(exc) from exc
+        for f in self._futures:
+            if f.is_done and f.failed():
+                raise OutputFailed(f.exception)
+
+    def _check_membership(self, offsets: Mapping[TopicPartition, Any]) -> Any:
         """The consumer's group metadata, when it may commit `offsets`; else CommitRefused.
 
         After UNKNOWN_MEMBER_ID (the session expired) kafka-python resets the generation
@@ -226,7 +258,7 @@ class ExactlyOnceCommitter:
         with self._lock:
             if cancel is not None:
                 cancel()
-            self._sent, self._broken = [], None
+            self._sent, self._futures, self._broken = [], [], None
             self._call(self._producer.abort_transaction, "abort_transaction")
             self._producer.begin_transaction()
 
