@@ -6,7 +6,7 @@ The worker reads requests only through `parse_request`, which returns the reques
 """
 
 from schemas._version import SCHEMA_VERSION
-from schemas.dead_letter import DeadLetter, SourceRef
+from schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
 from schemas.errors import ErrorCode, RequestError, RequestRejected
 from schemas.parse import DEFAULT_LIMITS, ParseLimits, parse_request, request_id_hint
 from schemas.request import (
@@ -40,6 +40,7 @@ __all__ = [
     "DeadLetter",
     "Diagnostics",
     "ErrorCode",
+    "OriginalHeader",
     "ParseLimits",
     "Question",
     "QuestionKind",

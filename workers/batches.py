@@ -28,6 +28,7 @@ class Entry:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     request: ClassificationRequest | None = None
     error: RequestError | None = None
 
@@ -70,6 +71,6 @@ class Output:
     topic: str
     key: bytes | None
     value: bytes
-    headers: list[tuple[str, bytes]]
+    headers: list[tuple[str, bytes | None]]
     entry: Entry
     dead_code: str | None  # None for a result

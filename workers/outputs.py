@@ -42,7 +42,7 @@ class OutputBuilder:
         self._topics = topics
         self._log = log
         version = str(SCHEMA_VERSION).encode()
-        self._result_headers = [
+        self._result_headers: list[tuple[str, bytes | None]] = [
             ("schema_version", version),
             ("model", model),
             ("worker", self._name.encode()),
@@ -98,24 +98,30 @@ class OutputBuilder:
             return None
 
     def dead_letter(self, entry: Entry, error: RequestError) -> Output:
+        """The refused record's dead letter: the JSON document when it fits the
+        dead-letter topic, else the original itself with the error in headers (Kafka
+        Connect's convention), else, last, the JSON document with a prefix of the
+        original (`truncated`)."""
         s = self._settings
-        letter = DeadLetter.build(
-            error,
-            entry.value,
-            entry.tp.topic,
-            entry.tp.partition,
-            entry.offset,
-            entry.key,
-            entry.timestamp_ms if entry.timestamp_ms >= 0 else None,
-            self._name,
-            max_original_bytes=s.producer.max_dead_letter_original_bytes,
-        )
-        headers = [
+        letter = self._letter(entry, error, None)
+        key = letter.request_id.encode() if letter.request_id else None
+        value = letter.model_dump_json().encode()
+        headers: list[tuple[str, bytes | None]] = [
             ("schema_version", str(SCHEMA_VERSION).encode()),
             ("worker", self._name.encode()),
             ("error_code", error.code.value.encode()),
         ]
-        key = letter.request_id.encode() if letter.request_id else None
+        limit = self._topics.max_bytes(s.dead_letter_topic)
+        form = "json"
+        if record_size(key, value, headers) > limit:
+            raw_headers: list[tuple[str, bytes | None]] = [*letter.raw_headers(s.pipeline)]
+            if record_size(entry.key, entry.value, raw_headers) <= limit:
+                form, key, headers = "raw", entry.key, raw_headers
+                value = entry.value if entry.value is not None else b""
+            else:
+                form = "truncated"
+                letter = self._letter(entry, error, self._room(letter, key, headers, limit))
+                value = letter.model_dump_json().encode()
         self._log.info(
             "dead_letter",
             request_id=letter.request_id,
@@ -124,12 +130,29 @@ class OutputBuilder:
             topic=entry.tp.topic,
             partition=entry.tp.partition,
             offset=entry.offset,
+            format=form,
         )
-        return Output(
-            s.dead_letter_topic,
-            key,
-            letter.model_dump_json().encode(),
-            headers,
-            entry,
-            error.code.value,
+        return Output(s.dead_letter_topic, key, value, headers, entry, error.code.value)
+
+    def _letter(self, entry: Entry, error: RequestError, keep: int | None) -> DeadLetter:
+        return DeadLetter.build(
+            error,
+            entry.value,
+            entry.tp.topic,
+            entry.tp.partition,
+            entry.offset,
+            entry.key,
+            entry.timestamp_ms if entry.timestamp_ms >= 0 else None,
+            self._name,
+            headers=entry.headers,
+            max_original_bytes=keep,
         )
+
+    @staticmethod
+    def _room(
+        letter: DeadLetter, key: bytes | None, headers: list[tuple[str, bytes | None]], limit: int
+    ) -> int:
+        """How many bytes of the original a JSON dead letter of `limit` bytes holds."""
+        empty = letter.model_copy(update={"original": ""}).model_dump_json().encode()
+        spare = limit - record_size(key, empty, headers)
+        return max(0, spare) * 3 // 4  # base64: 4 characters for 3 bytes

@@ -113,10 +113,6 @@ class ProducerTuning(_Frozen):
     request_timeout_ms: int = Field(default=30_000, ge=100)
     # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
     transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
-    # A dead letter keeps at most this many leading bytes of the original: base64 adds a
-    # third, and the broker's default max.message.bytes is about 1 MiB (1,048,588), so
-    # 700,000 raw bytes (933,336 in base64) leave room for the rest of the record.
-    max_dead_letter_original_bytes: int = Field(default=700_000, ge=0)
 
     @model_validator(mode="after")
     def _delivery_covers_a_request(self) -> ProducerTuning:

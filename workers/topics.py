@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,9 @@ _UNKNOWN_TOPIC = 3
 _TOPIC_AUTHORIZATION_FAILED = 29
 
 
-def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+def record_size(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> int:
     """Bytes the record takes in a batch of its own (what the broker compares with
     max.message.bytes), as kafka-python's producer estimates it."""
     size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)

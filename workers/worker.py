@@ -687,7 +687,7 @@ class StreamWorker:
         self.metrics.record_consumed(n)
 
     def _entry(self, tp: TopicPartition, rec: Any) -> Entry:
-        entry = Entry(tp, rec.offset, rec.key, rec.value, rec.timestamp)
+        entry = Entry(tp, rec.offset, rec.key, rec.value, rec.timestamp, list(rec.headers or ()))
         killed = self._poison.poison(tp, rec.offset)
         if killed is not None:
             entry.error = RequestError(
