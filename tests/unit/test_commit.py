@@ -157,7 +157,7 @@ def test_exactly_once_commit_is_flush_then_offsets_then_commit_then_begin() -> N
         "commit_transaction",
         "begin_transaction",
     ]
-    assert calls.events[3][1] == 5.0  # the flush is bounded too
+    assert 0 < calls.events[3][1] <= 5.0  # the flush is bounded too
     offsets, member = calls.events[4][1:]
     assert offsets == {T0: 1, T1: 4} and member == (1, "member-1")
 

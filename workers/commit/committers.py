@@ -8,6 +8,7 @@ deciding *what* may be committed is `workers.commit.offsets.OffsetTracker`'s job
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -224,13 +225,27 @@ class ExactlyOnceCommitter:
         return done
 
     def _flush(self) -> None:
-        """Wait for the open transaction's outputs; OutputFailed with the first error."""
-        try:
-            self._producer.flush(timeout=self._timeout_s)
-        except KafkaTimeoutError as exc:
-            raise OutputFailed(exc) from exc
+        """Wait for the open transaction's outputs; OutputFailed with the first error.
+
+        kafka-python's flush() can return before outputs of a batch it split (one the
+        broker found too large) are done, or raise UnknownError("Future not done") for
+        them: flush again until every output is done, within the commit timeout."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self._producer.flush(timeout=max(left, 0.001))
+            except KafkaTimeoutError as exc:
+                raise OutputFailed(exc) from exc
+            except KafkaError:
+                pass  # the split batches are on their way: look again
+            pending = [f for f in self._futures if not f.is_done]
+            if not pending:
+                break
+            if time.monotonic() >= deadline:
+                raise OutputFailed(KafkaTimeoutError(f"{len(pending)} outputs not delivered"))
         for f in self._futures:
-            if f.is_done and f.failed():
+            if f.failed():
                 raise OutputFailed(f.exception)
 
     def _check_membership(self, offsets: Mapping[TopicPartition, Any]) -> Any:
