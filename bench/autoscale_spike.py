@@ -208,6 +208,9 @@ def ray_cluster(
     # that `ray.init(address="auto")` reads: put back what other engineers had there.
     address_file = Path(get_ray_address_file(None))
     previous = address_file.read_text() if address_file.exists() else None
+    # Cluster() writes that file without making its folder (Ray's default temp dir, which
+    # only a cluster started without temp_dir creates).
+    address_file.parent.mkdir(parents=True, exist_ok=True)
     temp_dir = tempfile.mkdtemp(prefix="dgas-", dir="/tmp")  # short: it holds sockets
     with ray_token_auth() as token:
         head = {**nodes[0], "temp_dir": temp_dir, "include_dashboard": dashboard}
