@@ -29,7 +29,7 @@ read, so that leaving is not counted as a crash.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kafka import TopicPartition
 
@@ -72,7 +72,6 @@ class _Partition:
     careful_left: int  # records still to run one at a time
     progressed: bool = False  # a commit went past the first `start`
     dirty: bool = True  # this incarnation raised the count at `start` (not cleared yet)
-    alone_raised: set[int] = field(default_factory=set)  # offsets this incarnation counted
 
 
 class PoisonGuard:
@@ -83,6 +82,10 @@ class PoisonGuard:
         self._tuning = tuning
         self._window = window
         self._parts: dict[TopicPartition, _Partition] = {}
+        # What this incarnation counted, kept when a partition leaves and comes back
+        # (a rebalance is no second start): tp -> offset of `started`; (tp, offset) alone.
+        self._started: dict[TopicPartition, int] = {}
+        self._alone: set[tuple[TopicPartition, int]] = set()
 
     def known(self, tp: TopicPartition) -> bool:
         return tp in self._parts
@@ -93,9 +96,13 @@ class PoisonGuard:
         """The partition's first records this incarnation start at `first`; returns the
         mark to commit before they run (started + 1)."""
         read = parse_attempts(metadata) if committed == first else Attempts()
+        again = self._started.get(tp) == first  # counted already, before it left
+        if again:
+            read = Attempts(max(read.started - 1, 0), read.alone)
         t = self._tuning
         suspect = read.started >= t.suspect_after or read.alone > 0
         self._parts[tp] = _Partition(first, read, self._window if suspect else 0)
+        self._started[tp] = first
         return first, Attempts(read.started + 1, read.alone).text()
 
     def careful(self) -> bool:
@@ -117,9 +124,9 @@ class PoisonGuard:
         """A suspect partition's record is about to run alone: the mark that counts it
         (None when this incarnation counted it already, e.g. after an outage's retry)."""
         p = self._parts.get(tp)
-        if p is None or p.careful_left <= 0 or offset in p.alone_raised:
+        if p is None or p.careful_left <= 0 or (tp, offset) in self._alone:
             return None
-        p.alone_raised.add(offset)
+        self._alone.add((tp, offset))
         base = p.read if offset == p.start else Attempts()
         p.dirty = p.dirty or offset == p.start
         return offset, Attempts(base.started + 1, base.alone + 1).text()

@@ -475,50 +475,13 @@ class StreamWorker:
     def _teardown(self, *, failed: bool) -> None:
         """Close everything; never raises."""
         self._closing = True
-        consumer, producer = self._consumer, self._producer
         if failed or self._stop.is_set():
             # Nothing in flight may reach the output after this (exactly-once: the open
             # transaction is aborted rather than left to its timeout).
             with contextlib.suppress(Exception):
                 self._abandon("stopping" if not failed else "failed")
-        if consumer is not None:
-            try:
-                consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
-            except Exception as exc:
-                self.log.warning("consumer_close_failed", error=str(exc))
-        if (
-            not failed
-            and self._drain.is_set()
-            and not self._stop.is_set()
-            and self.settings.static_membership
-        ):
-            self._remove_static_member()
-        if producer is not None:
-            try:
-                producer.close(timeout=_CLOSE_TIMEOUT_S)
-            except Exception as exc:
-                self.log.warning("producer_close_failed", error=str(exc))
-        if self._admin is not None:
-            with contextlib.suppress(Exception):
-                self._admin.close()
-        loop, thread = self._loop, self._loop_thread
-        if loop is not None and thread is not None:
-            if self._classifier is not None:
-                with contextlib.suppress(Exception):
-                    self._on_loop(self._classifier.engine.close()).result(_CLOSE_TIMEOUT_S)
-
-            async def _cancel_rest() -> None:
-                me = asyncio.current_task()
-                for task in asyncio.all_tasks():
-                    if task is not me:
-                        task.cancel()
-
-            with contextlib.suppress(Exception):
-                self._on_loop(_cancel_rest()).result(_CLOSE_TIMEOUT_S)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(_CLOSE_TIMEOUT_S)
-            if not thread.is_alive():
-                loop.close()
+        self._close_clients(failed)
+        self._stop_engine_loop()
         self.metrics.set_in_flight(0)
         self._summary = {
             "consumed": self.metrics.consumed,
@@ -526,6 +489,45 @@ class StreamWorker:
             "dead_lettered": self.metrics.dead_lettered,
             "committed": {tp_name(tp): o for tp, o in sorted(self._offsets.committed.items())},
         }
+
+    def _close_clients(self, failed: bool) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
+            except Exception as exc:
+                self.log.warning("consumer_close_failed", error=str(exc))
+        drained = not failed and self._drain.is_set() and not self._stop.is_set()
+        if drained and self.settings.static_membership:
+            self._remove_static_member()
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=_CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                self.log.warning("producer_close_failed", error=str(exc))
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+
+    def _stop_engine_loop(self) -> None:
+        loop, thread = self._loop, self._loop_thread
+        if loop is None or thread is None:
+            return
+        if self._classifier is not None:
+            with contextlib.suppress(Exception):
+                self._on_loop(self._classifier.engine.close()).result(_CLOSE_TIMEOUT_S)
+
+        async def _cancel_rest() -> None:
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not me:
+                    task.cancel()
+
+        with contextlib.suppress(Exception):
+            self._on_loop(_cancel_rest()).result(_CLOSE_TIMEOUT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_CLOSE_TIMEOUT_S)
+        if not thread.is_alive():
+            loop.close()
 
     def _remove_static_member(self) -> None:
         """A static member never sends LeaveGroup: ask the coordinator to remove it, so its
@@ -1096,14 +1098,7 @@ class StreamWorker:
                 if o.dead_code is None and o.key is not None:
                     self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
         if self._txn is not None:
-            futures = self._txn.send(batch, outputs)
-            if futures is None:
-                return
-            for o, fut in zip(outputs, futures, strict=True):
-                fut.add_errback(functools.partial(self._output_failed, batch, o))
-            self._record_outputs(outputs)
-            self._done_q.put((batch, None))  # in the transaction (an outage is over)
-            self._wake.set()
+            self._produce_in_transaction(batch, outputs)
             return
         if not outputs:
             self._done_q.put((batch, None))
@@ -1126,6 +1121,17 @@ class StreamWorker:
             fut.add_callback(on_ack)
             fut.add_errback(functools.partial(self._output_failed, batch, o))
         self._record_outputs(outputs)
+
+    def _produce_in_transaction(self, batch: Batch, outputs: list[Output]) -> None:
+        assert self._txn is not None
+        futures = self._txn.send(batch, outputs)
+        if futures is None:
+            return  # cancelled
+        for o, fut in zip(outputs, futures, strict=True):
+            fut.add_errback(functools.partial(self._output_failed, batch, o))
+        self._record_outputs(outputs)
+        self._done_q.put((batch, None))  # in the transaction (an outage is over)
+        self._wake.set()
 
     def _record_outputs(self, outputs: list[Output]) -> None:
         now_ms = time.time() * 1000

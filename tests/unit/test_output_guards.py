@@ -190,3 +190,12 @@ def test_leaving_cleanly_without_progress_writes_back_what_was_read() -> None:
     g.first_seen(TP, 10, 10, seen)
     assert g.write_back({TP}) == {TP: (10, seen)}
     assert g.write_back({TP}) == {}  # once
+
+
+def test_a_partition_that_leaves_and_comes_back_is_not_counted_twice() -> None:
+    """A rebalance moves a partition away and back within one incarnation: one start."""
+    g = _guard()
+    assert g.first_seen(TP, 10, 10, "") == (10, Attempts(1, 0).text())
+    g.forget({TP})
+    assert g.first_seen(TP, 10, 10, Attempts(1, 0).text()) == (10, Attempts(1, 0).text())
+    assert not g.careful()
