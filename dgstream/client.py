@@ -230,7 +230,7 @@ class Client:
                     if tp.topic == self.reply_topic:
                         self._on_result(rec.value, rec.key)
                     else:
-                        self._on_dead_letter(rec.value)
+                        self._on_dead_letter(rec)
 
     def _on_result(self, value: bytes, key: bytes | None) -> None:
         try:
@@ -249,9 +249,9 @@ class Client:
         if future is not None and not future.done():
             future.set_result(result)
 
-    def _on_dead_letter(self, value: bytes) -> None:
-        try:
-            letter = DeadLetter.model_validate_json(value)
+    def _on_dead_letter(self, rec: Any) -> None:
+        try:  # either format: a JSON document, or the original with the error in headers
+            letter = DeadLetter.from_record(rec.value, rec.key, rec.headers)
         except ValueError:
             return  # not a dead letter we can read
         with self._lock:

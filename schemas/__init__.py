@@ -7,7 +7,7 @@ shape). `python -m schemas.export` writes the JSON Schema files in `schemas/json
 """
 
 from schemas._version import SCHEMA_VERSION
-from schemas.dead_letter import DeadLetter, SourceRef
+from schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
 from schemas.errors import ErrorCode, RequestError, RequestRejected
 from schemas.jev import JevResponse, to_jev
 from schemas.output import OUTPUT_FORMATS, OutputFormat, encode_output, read_output
@@ -55,6 +55,7 @@ __all__ = [
     "FallbackId",
     "IdSource",
     "JevResponse",
+    "OriginalHeader",
     "OutputFormat",
     "ParseLimits",
     "Question",

@@ -53,7 +53,20 @@ class ErrorCode(StrEnum):
       TEMPLATE_TOO_LONG (a question's answer template does not fit the canvas).
 
     Engine:
-      ENGINE_FAILED (the engine could not answer; the request itself may be fine).
+      ENGINE_FAILED (the engine could not answer; the request itself may be fine),
+      POISON (the record was in flight, alone, in several worker incarnations that died: an
+      engine crash on it, or the process killed while it ran; it is not tried again).
+
+    Output (the answer exists but cannot be delivered where the request asks):
+      OUTPUT_TOO_LARGE (the result is larger than the destination topic accepts: its
+      max.message.bytes, or the worker producer's max_request_size), REPLY_TOPIC_NOT_ALLOWED
+      (reply_topic is outside the pipeline's reply_topics allow-list, an internal topic such
+      as __consumer_offsets, or one of the pipeline's own input or dead-letter topics),
+      REPLY_TOPIC_UNKNOWN (no such topic: the worker creates none), REPLY_TOPIC_NOT_WRITABLE
+      (the worker is not authorized to write to it).
+
+    An outage (the engine or the output topic out of reach) is never a code: the worker
+    holds the work and tries again.
     """
 
     # parse
@@ -103,6 +116,12 @@ class ErrorCode(StrEnum):
     TEMPLATE_TOO_LONG = "TEMPLATE_TOO_LONG"
     # engine
     ENGINE_FAILED = "ENGINE_FAILED"
+    POISON = "POISON"
+    # output
+    OUTPUT_TOO_LARGE = "OUTPUT_TOO_LARGE"
+    REPLY_TOPIC_NOT_ALLOWED = "REPLY_TOPIC_NOT_ALLOWED"
+    REPLY_TOPIC_UNKNOWN = "REPLY_TOPIC_UNKNOWN"
+    REPLY_TOPIC_NOT_WRITABLE = "REPLY_TOPIC_NOT_WRITABLE"
 
 
 class RequestError(BaseModel):

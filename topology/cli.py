@@ -73,9 +73,12 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    import json
-    import time
+    import signal
     from pathlib import Path
 
     import ray
@@ -87,33 +90,54 @@ def _cmd_run(args: argparse.Namespace) -> int:
     address = args.address or topo.ray.address
     _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
     raw = yaml.safe_load(Path(args.topology).read_text())
-    # The passwords the Kafka section names are read on the Ray nodes, never sent from here.
-    ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace)
+    # SIGTERM (how Kubernetes, systemd and docker stop a process) is Ctrl-C here: the
+    # workers are drained and the command exits 0.
+    signal.signal(signal.SIGTERM, _interrupt)
+    ctl = None
     try:
-        ray.get(ctl.ping.remote(), timeout=120)
-    except Exception as exc:
-        print(f"error: the controller did not start: {exc}", file=sys.stderr)
-        return 1
-    refused = _kafka_refused(ctl)
-    if refused:
-        stop_controller(ctl, drain=False, timeout_s=60)
-        raise _Refused(f"the controller cannot use kafka: {refused}")
-    print(f"controller {topo.ray.deployment} running in namespace {topo.ray.namespace}")
-    if args.detach:
-        return 0
-    try:
-        while True:
-            st = ray.get(ctl.status.remote(), timeout=60)
-            line = {
-                n: {"replicas": p["replicas"], "lag": p["lag"], "req/s": p["throughput_per_s"]}
-                for n, p in st["pipelines"].items()
-            }
-            print(json.dumps(line), flush=True)
-            time.sleep(args.interval)
+        # The passwords the Kafka section names are read on the Ray nodes, never sent
+        # from here.
+        ctl = start_controller(raw, topo.ray.deployment, topo.ray.namespace)
+        try:
+            ray.get(ctl.ping.remote(), timeout=120)
+        except Exception as exc:
+            print(f"error: the controller did not start: {exc}", file=sys.stderr)
+            return 1
+        refused = _kafka_refused(ctl)
+        if refused:
+            stop_controller(ctl, drain=False, timeout_s=60)
+            ctl = None
+            raise _Refused(f"the controller cannot use kafka: {refused}")
+        print(f"controller {topo.ray.deployment} running in namespace {topo.ray.namespace}")
+        if args.detach:
+            return 0
+        _watch(ctl, args.interval)
     except KeyboardInterrupt:
-        print("stopping: draining workers ...", file=sys.stderr)
-        stop_controller(ctl, drain=True, timeout_s=300)
-        return 0
+        # One stop is enough: a second SIGTERM must not cut the drain short (Ctrl-C
+        # twice still does, for a person who means it).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if ctl is not None:
+            print("stopping: draining workers ...", file=sys.stderr, flush=True)
+            stop_controller(ctl, drain=True, timeout_s=300)
+            print("stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _watch(ctl: Any, interval: float) -> None:
+    """A status line every `interval` seconds, until interrupted."""
+    import json
+    import time
+
+    import ray
+
+    while True:
+        st = ray.get(ctl.status.remote(), timeout=60)
+        line = {
+            n: {"replicas": p["replicas"], "lag": p["lag"], "req/s": p["throughput_per_s"]}
+            for n, p in st["pipelines"].items()
+        }
+        print(json.dumps(line), flush=True)
+        time.sleep(interval)
 
 
 def _kafka_refused(ctl: Any, timeout_s: float = 60.0) -> str | None:

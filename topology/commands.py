@@ -10,7 +10,6 @@ line, not a long wait and a traceback.
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
 import time
 from collections.abc import Iterator
@@ -200,51 +199,125 @@ def tail(args: argparse.Namespace) -> int:
     return 0
 
 
+# Replayed records are committed (the replay group's offsets) after each this many, once
+# the target acknowledged them: a replay stopped midway resends at most these.
+_REPLAY_COMMIT_EVERY = 500
+
+
+def replay_group(args: argparse.Namespace) -> str:
+    """The consumer group that remembers how far a replay of `args.topic` to
+    `args.replay_to` (with its `--code` filter) got."""
+    if args.group:
+        return str(args.group)
+    name = f"dgstream-dlq-replay.{args.topic}.{args.replay_to}"
+    return f"{name}.{args.code}" if args.code else name
+
+
+def _replay_consumer(args: argparse.Namespace, conn: Any) -> Any:
+    """The dead-letter topic's every partition, from where the replay group stopped (or
+    the beginning / the end, as --from-beginning says, where it never ran)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        group_id=replay_group(args),
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        consumer_timeout_ms=int(args.idle_s * 1000) if args.idle_s else float("inf"),
+        **conn.client_kwargs(),
+    )
+    tps = [
+        TopicPartition(args.topic, p)
+        for p in sorted(consumer.partitions_for_topic(args.topic) or ())
+    ]
+    consumer.assign(tps)
+    for tp in tps:
+        committed = consumer.committed(tp)
+        if committed is not None:
+            consumer.seek(tp, committed)
+        elif args.from_beginning:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek_to_end(tp)
+    return consumer
+
+
+def _print_letter(letter: Any, as_json: bool, raw: bool) -> None:
+    if as_json:
+        print(letter.model_dump_json())
+        return
+    src = letter.source
+    form = " (raw)" if raw else " (truncated)" if letter.truncated else ""
+    print(
+        f"{letter.request_id or '-'}  {letter.error.code}  {letter.error.message}  "
+        f"[{src.topic}/{src.partition}@{src.offset}]{form}"
+    )
+
+
 def dlq(args: argparse.Namespace) -> int:
-    """List dead letters; with --replay-to, send their original bytes to a topic again."""
+    """List dead letters (either format); with --replay-to, send each original record
+    (value, key, headers) byte for byte to a topic, remembering where it stopped."""
     from kafka import KafkaProducer
 
     from schemas import DeadLetter
+    from schemas.dead_letter import RAW_FORMAT
 
     conn = kafka_connection(args)
-    consumer = _consumer(args, conn, args.topic)
+    replaying = bool(args.replay_to)
+    consumer = _replay_consumer(args, conn) if replaying else _consumer(args, conn, args.topic)
     producer = None
-    if args.replay_to:
+    if replaying:
         producer = KafkaProducer(acks="all", enable_idempotence=True, **conn.client_kwargs())
-    seen = replayed = 0
+    seen = replayed = skipped = 0
+    done: dict[Any, int] = {}  # tp -> next offset, for the replay group
     try:
         for rec in consumer:
             seen += 1
+            done[(rec.topic, rec.partition)] = rec.offset + 1
             try:
-                dl = DeadLetter.model_validate_json(rec.value)
+                letter = DeadLetter.from_record(rec.value, rec.key, rec.headers)
             except ValueError:
-                print(f"(not a dead letter) {rec.value[:120]!r}")
+                print(f"(not a dead letter) {(rec.value or b'')[:120]!r}")
                 continue
-            if args.code and dl.error.code != args.code:
+            if args.code and letter.error.code != args.code:
                 continue
-            if args.json:
-                print(dl.model_dump_json())
-            else:
-                src = dl.source
-                print(
-                    f"{dl.request_id or '-'}  {dl.error.code}  {dl.error.message}  "
-                    f"[{src.topic}/{src.partition}@{src.offset}]"
-                )
+            _print_letter(letter, args.json, (RAW_FORMAT, b"raw") in (rec.headers or []))
             if producer is not None:
-                original = base64.b64decode(dl.original)
-                key = base64.b64decode(dl.source.key) if dl.source.key else None
-                producer.send(args.replay_to, key=key, value=original)
-                replayed += 1
+                if letter.truncated:
+                    skipped += 1  # only a prefix was kept: not the original
+                    print(f"  not replayed: only {len(letter.original_bytes())} bytes kept")
+                else:
+                    # A header without a value goes as b"": kafka-python writes no null.
+                    headers = [(k, v or b"") for k, v in letter.original_headers()]
+                    producer.send(
+                        args.replay_to,
+                        value=letter.original_value(),
+                        key=letter.source.key_bytes(),
+                        headers=headers,
+                    )
+                    replayed += 1
+                    if replayed % _REPLAY_COMMIT_EVERY == 0:
+                        _commit_replayed(producer, consumer, done)
             if args.max and seen >= args.max:
                 break
     finally:
         if producer is not None:
-            producer.flush()
+            _commit_replayed(producer, consumer, done)
             producer.close()
         consumer.close()
     if producer is not None:
-        print(f"replayed {replayed} to {args.replay_to}")
+        print(f"replayed {replayed} to {args.replay_to}" + (f", {skipped} not" if skipped else ""))
     return 0
+
+
+def _commit_replayed(producer: Any, consumer: Any, done: dict[Any, int]) -> None:
+    """Everything replayed so far is acknowledged, then remembered (the group's offsets)."""
+    from kafka import OffsetAndMetadata, TopicPartition
+
+    producer.flush()
+    if done:
+        consumer.commit(
+            {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in done.items()}
+        )
 
 
 def register(sub: Any) -> None:
@@ -267,6 +340,17 @@ def register(sub: Any) -> None:
         q.add_argument("--json", action="store_true")
         add_kafka_arguments(q)
         if name == "dlq":
-            q.add_argument("--replay-to", default=None, help="send the originals to this topic")
+            q.add_argument(
+                "--replay-to",
+                default=None,
+                help="send the original records (value, key, headers) to this topic; a "
+                "second run goes on where the first stopped",
+            )
             q.add_argument("--code", default=None, help="only dead letters with this code")
+            q.add_argument(
+                "--group",
+                default=None,
+                help="the consumer group that remembers a replay's progress (default: "
+                "dgstream-dlq-replay.TOPIC.TARGET[.CODE])",
+            )
         q.set_defaults(func=fn)

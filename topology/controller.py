@@ -155,6 +155,7 @@ class PipelineRunner:
         s = self.spec
         return WorkerSettings(
             pipeline=s.name,
+            deployment=self.topology.ray.deployment,
             input_topics=s.input_topics,
             output_topic=s.output_topic,
             dead_letter_topic=s.dead_letter_topic,
@@ -165,6 +166,7 @@ class PipelineRunner:
             batching=s.batching,
             delivery=s.delivery,
             static_membership=s.static_membership,
+            reply_topics=s.reply_topics,
             replica=replica,
             resources=ActorResources(
                 gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom

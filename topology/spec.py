@@ -113,6 +113,9 @@ class PipelineSpec(_Frozen):
     # In order: the first route whose `when` holds sends a result to its `topic`; results
     # no route takes go to output_topic (docs/routes.md).
     routes: list[Route] = Field(default_factory=list)
+    # Where a request's reply_topic may point (shell-style patterns); the output topic is
+    # always allowed. Default: the Python client's reply topics.
+    reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
 
     @model_validator(mode="after")
     def _topics(self) -> PipelineSpec:

@@ -83,6 +83,11 @@ class WorkerMetrics:
         self.engine_seconds = 0.0
         self.in_flight = 0
         self.lag: dict[str, int] = {}
+        self.partitions_lost = 0
+        self.transactions_aborted = 0
+        self.outage: str | None = None  # the kind of the outage under way
+        self.outage_tries = 0
+        self.producer_resets = 0
         self._ray: dict[str, Any] | None = None
         if use_ray if use_ray is not None else _ray_ready():
             self._ray = self._make_ray_metrics()
@@ -143,6 +148,34 @@ class WorkerMetrics:
             "in_flight": tagged(
                 Gauge("dgstream_in_flight_batches", "Batches between poll and commit.", _BASE_TAGS)
             ),
+            "partitions_lost": tagged(
+                Counter(
+                    "dgstream_partitions_lost",
+                    "Partitions taken from this member without a revocation (it was fenced).",
+                    _BASE_TAGS,
+                )
+            ),
+            "outage": tagged(
+                Gauge(
+                    "dgstream_outage",
+                    "1 while the engine or the output is out of reach (work held, retried).",
+                    (*_BASE_TAGS, "kind"),
+                )
+            ),
+            "outage_tries": tagged(
+                Counter(
+                    "dgstream_outage_tries",
+                    "Tries that met an outage (each followed by a backoff pause).",
+                    (*_BASE_TAGS, "kind"),
+                )
+            ),
+            "transactions_aborted": tagged(
+                Counter(
+                    "dgstream_transactions_aborted",
+                    "Open transactions aborted by the worker (their work is read again).",
+                    _BASE_TAGS,
+                )
+            ),
             "lag": tagged(
                 Gauge(
                     "dgstream_partition_lag",
@@ -196,6 +229,34 @@ class WorkerMetrics:
             for route, n in tally.items():
                 self._ray["routed"].inc(n, tags={"route": route})
 
+    def record_lost(self, partitions: int) -> None:
+        self.partitions_lost += partitions
+        if self._ray and partitions:
+            self._ray["partitions_lost"].inc(partitions)
+
+    def record_aborted(self) -> None:
+        self.transactions_aborted += 1
+        if self._ray:
+            self._ray["transactions_aborted"].inc()
+
+    def record_outage_try(self, kind: str) -> None:
+        self.outage_tries += 1
+        if self._ray:
+            self._ray["outage_tries"].inc(tags={"kind": kind})
+            if self.outage != kind:
+                if self.outage is not None:
+                    self._ray["outage"].set(0, tags={"kind": self.outage})
+                self._ray["outage"].set(1, tags={"kind": kind})
+        self.outage = kind
+
+    def record_producer_reset(self) -> None:
+        self.producer_resets += 1
+
+    def record_outage_over(self) -> None:
+        if self._ray and self.outage is not None:
+            self._ray["outage"].set(0, tags={"kind": self.outage})
+        self.outage = None
+
     def set_in_flight(self, n: int) -> None:
         if n == self.in_flight:
             return
@@ -229,4 +290,8 @@ class WorkerMetrics:
             "engine_seconds": round(self.engine_seconds, 6),
             "in_flight": self.in_flight,
             "lag": dict(self.lag),
+            "partitions_lost": self.partitions_lost,
+            "transactions_aborted": self.transactions_aborted,
+            "outage_tries": self.outage_tries,
+            "producer_resets": self.producer_resets,
         }

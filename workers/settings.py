@@ -22,6 +22,8 @@ __all__ = [
     "Batching",
     "ConsumerTuning",
     "Delivery",
+    "OutageTuning",
+    "PoisonTuning",
     "ProducerTuning",
     "WorkerSettings",
 ]
@@ -96,14 +98,66 @@ class ProducerTuning(_Frozen):
     # Kafka 4.0's Java default (KIP-1030 raised it from 0 to 5 ms): small batches of results
     # share a request, at a cost far below one engine call.
     linger_ms: int = Field(default=5, ge=0, le=10_000)
+    # The largest produce request (so the largest record) the producer sends: kafka-python's
+    # and Java's default, just under the broker's default max.message.bytes (1,048,588).
+    # A result larger than this or its topic's max.message.bytes is OUTPUT_TOO_LARGE.
+    max_request_size: int = Field(default=1_048_576, ge=1_024)
     # How long send() may block on metadata or a full buffer; kafka-python's default.
     max_block_ms: int = Field(default=60_000, ge=100)
+    # How long the producer keeps retrying one output (no leader, not enough replicas)
+    # before it reports the failure: Java's and kafka-python's default. The worker then
+    # treats it as an outage (`OutageTuning`), not as bad input.
+    delivery_timeout_ms: int = Field(default=120_000, ge=1_000)
+    # One produce request's timeout: Java's and kafka-python's default. The delivery
+    # timeout must cover it plus linger_ms (kafka-python refuses the producer otherwise).
+    request_timeout_ms: int = Field(default=30_000, ge=100)
     # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
     transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
-    # A dead letter keeps at most this many leading bytes of the original: base64 adds a
-    # third, and the broker's default max.message.bytes is about 1 MiB (1,048,588), so
-    # 700,000 raw bytes (933,336 in base64) leave room for the rest of the record.
-    max_dead_letter_original_bytes: int = Field(default=700_000, ge=0)
+
+    @model_validator(mode="after")
+    def _delivery_covers_a_request(self) -> ProducerTuning:
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError(
+                "delivery_timeout_ms must be at least linger_ms + request_timeout_ms "
+                f"({self.delivery_timeout_ms} < {self.linger_ms} + {self.request_timeout_ms})"
+            )
+        return self
+
+
+class OutageTuning(_Frozen):
+    """The engine (or a remote vLLM) or the output topic out of reach: the worker stops
+    taking new work and tries again after a pause that doubles each time, up to a cap,
+    for at most `budget_s`; it dead-letters nothing because of an outage. Past the budget
+    it fails (Ray restarts it), which dead-letters nothing either."""
+
+    # The first pause: a few engine calls' worth, so that a blip (a connection reset, a
+    # leader election of a few hundred milliseconds) costs little.
+    initial_backoff_s: float = Field(default=0.5, gt=0)
+    # The longest pause: the worker resumes within 30 s of the cause being fixed, while
+    # a long outage costs one try (one engine call or one produce) every 30 s.
+    max_backoff_s: float = Field(default=30.0, gt=0)
+    # Ten minutes: longer than restarting a vLLM server (loading the 26B checkpoint takes
+    # minutes) or rolling a broker, short enough that a worker which cannot recover by
+    # waiting is restarted within the quarter hour; status() and the metrics show the
+    # outage meanwhile.
+    budget_s: float = Field(default=600.0, gt=0)
+
+
+class PoisonTuning(_Frozen):
+    """A record that keeps killing the worker (an engine crash on it, the process killed
+    while it runs) is isolated, not retried forever. The count lives in the committed
+    offset's metadata of its partition (`workers.poison`)."""
+
+    # The work from one committed offset was started by this many incarnations that all
+    # died before committing past it: the partition's next records run one at a time, each
+    # alone in the worker, so the next crash names its record. 2: one crash is common (a
+    # node lost, an operator's kill); two in a row at the same offset are not.
+    suspect_after: int = Field(default=2, ge=1, le=100)
+    # A record that was running alone when this many incarnations died is dead-lettered
+    # POISON without running it again. 2: a crash with the record alone points at it; a
+    # second rules out a coincidence (the node dying for its own reasons). With the
+    # defaults a poison record costs at most 4 restarts.
+    poison_after: int = Field(default=2, ge=1, le=100)
 
 
 class ActorResources(_Frozen):
@@ -122,6 +176,10 @@ class WorkerSettings(_Frozen):
     """One replica of one pipeline: where to read and write, which engine, how to batch."""
 
     pipeline: str = Field(pattern=_NAME_PATTERN)
+    # The topology's `ray.deployment`: two deployments of one pipeline (an upgrade runs
+    # the new one beside the old, in the same group) must not share transactional or
+    # static member ids, or each would fence the other's replica of the same number.
+    deployment: str = Field(default="default", pattern=_NAME_PATTERN)
     input_topics: list[str] = Field(min_length=1)
     output_topic: str
     dead_letter_topic: str
@@ -149,9 +207,22 @@ class WorkerSettings(_Frozen):
     engine_retries: int = Field(default=2, ge=0, le=10)
     # Pause between those tries (doubling each time).
     engine_retry_backoff_s: float = Field(default=0.05, ge=0)
+    outage: OutageTuning = Field(default_factory=OutageTuning)
+    poison: PoisonTuning = Field(default_factory=PoisonTuning)
+    # Where a request's reply_topic may point, as shell-style patterns (fnmatch). Default:
+    # the Python client's own reply topics (dgstream.Client names them
+    # "dgstream.replies.<id>"). The output topic is always allowed; internal topics
+    # ("__..."), the input topics and the dead-letter topic never are.
+    reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)
+    # A commit (offsets; exactly-once: send_offsets_to_transaction, commit or abort of the
+    # transaction) gives up after this long. kafka-python waits on transactional calls
+    # without a bound; Java's producer bounds them by max.block.ms, 60 s by default, and
+    # so does this. At-least-once tries again on the next pass; exactly-once fails the
+    # worker (the transaction's state is unknown; the next incarnation aborts it).
+    commit_timeout_s: float = Field(default=60.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # ---------------------------------------------------------------- validation
@@ -202,13 +273,16 @@ class WorkerSettings(_Frozen):
 
     @property
     def group_instance_id(self) -> str:
-        """Static member id: stable across restarts of the same replica."""
-        return f"{self.pipeline}-{self.replica}"
+        """Static member id: stable across restarts of the same replica, distinct per
+        deployment."""
+        return f"{self.deployment}-{self.pipeline}-{self.replica}"
 
     @property
     def transactional_id(self) -> str:
-        """Stable across restarts of the same replica, so a restarted one fences its zombie."""
-        return f"{self.group_id}-{self.pipeline}-{self.replica}"
+        """Stable across restarts of the same replica, so a restarted one fences its
+        zombie; distinct per deployment, so two deployments of one pipeline do not fence
+        each other (between them, the group coordinator's generation check fences)."""
+        return f"{self.group_id}-{self.deployment}-{self.pipeline}-{self.replica}"
 
     @property
     def num_gpus(self) -> float:

@@ -17,7 +17,8 @@ The busy loop, one micro-batch at a time (numbers match the comments below):
  1. Settle: take the batches whose outputs are all acknowledged, advance each partition's
     contiguous done prefix, commit `last offset + 1` of it (the outputs are flushed first:
     a batch is done only once the broker acknowledged every output). Exactly-once: commit
-    the transaction with those offsets in it instead.
+    the transaction with those offsets in it instead. The tracking is
+    `workers.commit.OffsetTracker`, the commit itself a committer of `workers.commit`.
  2. Control: a fatal error stops the loop (nothing more is committed); `stop()` leaves at
     once; `drain()` submits what was polled, finishes the batches in flight, commits and
     leaves the group.
@@ -27,19 +28,25 @@ The busy loop, one micro-batch at a time (numbers match the comments below):
  4. Poll up to `max_records - len(batch)` records.
  5. Parse each with `schemas.parse_request`; a refusal (or an unknown question set)
     becomes a dead letter of the batch (code, message, original bytes, topic, partition,
-    offset), never an exception.
+    offset), never an exception. A record that keeps killing the worker is isolated
+    (`workers.poison`: attempts counted in the committed offsets' metadata; a suspect
+    partition's records run one at a time) and dead-lettered POISON.
  6. Submit the batch to the engine loop when it is full, when it has waited `max_wait_ms`,
     or at once when the engine is idle.
 
 On the engine loop, per batch:
 
- 7. Classify every request of the batch at once (`Classifier.classify`). A recoverable
+ 7. Classify every request of the batch at once (`workers.classify`). A recoverable
     engine error retries the batch (`engine_retries`), then splits it in halves to find
     the request that keeps failing, which becomes an ENGINE_FAILED dead letter; a fatal
     one fails the worker (Ray restarts the actor; uncommitted work is consumed again).
- 8. Build the outputs: results keyed by request id with headers (schema_version, model,
-    worker) to the output topic or the request's `reply_topic`; dead letters keyed by the
-    request id when it could be read.
+    An engine that is down (unreachable, or failing a known-good probe too) is an
+    outage: see below.
+ 8. Build the outputs (`workers.outputs`): results keyed by request id with headers
+    (schema_version, model, worker) to the output topic or the request's `reply_topic`
+    when the pipeline allows it and it exists (`workers.topics`); dead letters keyed by
+    the request id when it could be read. A result that does not fit its topic, or may
+    not go where it asks, is dead-lettered with its own code.
  9. Produce them after the previous batch's outputs (per-partition order is kept) and
     report the batch done when every output is acknowledged (`acks=all`, idempotent
     producer). Exactly-once: the outputs go into the open transaction, which step 1
@@ -51,48 +58,68 @@ while the consumer thread is blocked inside poll()) drops their records from the
 being filled, waits (bounded) for the batches holding their records, commits them and
 forgets the partitions, before the group hands them to their next owner. Partitions
 *lost* (this member was fenced) are forgotten without a commit.
+
+Outages (`workers.outage`): the engine out of reach, or an output that cannot be
+produced for a while (no leader, not enough replicas, the topic missing, a timeout), is
+not bad input. The batch reports an `Outage`; the consumer thread abandons the open work
+(below), takes no new work until the backoff pause has passed (still polling for the
+membership, as when full), then reads it again; the first batch that goes through ends
+the outage. Past `outage.budget_s` the worker fails (Ray restarts it). status()["outage"]
+and the dgstream_outage gauge show it meanwhile.
+
+Abandoning (`_abandon`): when work between poll and commit cannot be committed by this
+member (an outage; exactly-once: partitions lost, a revocation or a drain that timed
+out, a commit refused because the membership is stale), the batches in flight are cancelled (they
+produce nothing more), the open transaction is aborted with them, and the partitions
+still assigned are sought back to their committed offsets: the work is done again, once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Sequence
 from concurrent.futures import Future as ConcurrentFuture
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
 from kafka import (
     ConsumerRebalanceListener,
+    KafkaAdminClient,
     KafkaConsumer,
     KafkaProducer,
-    OffsetAndMetadata,
     TopicPartition,
 )
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.errors import CommitFailedError, FencedInstanceIdError, KafkaError
 
 from schemas import (
-    SCHEMA_VERSION,
-    ClassificationRequest,
-    ClassificationResult,
-    DeadLetter,
     ErrorCode,
     RequestError,
     parse_request,
 )
+from workers.batches import Batch, Entry, Output, tp_name
+from workers.classify import BatchClassifier
+from workers.commit import (
+    AtLeastOnceCommitter,
+    Committer,
+    ExactlyOnceCommitter,
+    Marks,
+    OffsetTracker,
+)
 from workers.engine.classifier import Classifier
-from workers.engine.types import FatalEngineError, RecoverableEngineError
-from workers.engine.vllm_backend import ReadRejected
+from workers.engine.types import FatalEngineError
+from workers.errors import CommitRefused, OutputFailed, Redo, WorkerFailed
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
+from workers.outage import Outage, OutageClock, produce_outage
+from workers.outputs import OutputBuilder
+from workers.poison import PoisonGuard
 from workers.settings import WorkerSettings
+from workers.topics import TopicGuard, admin_describe
 
 __all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
 
@@ -120,66 +147,13 @@ _IDLE_POLL_MS = 100
 _LAG_EVERY_S = 0.5
 # Close the clients within this bound on the way out.
 _CLOSE_TIMEOUT_S = 10.0
-# A reply topic that could not be reached is not tried again for this long (each try may
-# block up to the producer's max_block_ms on a metadata request).
-_BAD_TOPIC_TTL_S = 60.0
+# An output the broker refuses for good reads the open work again at once, this many times
+# in a row at most (one suffices once the output check knows the topic's new limit or
+# ACLs); past that, the refusals are handled as an outage: backoff, within the budget.
+_REDO_LIMIT = 3
 
 
-class WorkerFailed(RuntimeError):
-    """The worker stopped on an error that needs a restart (fatal engine error, an output
-    that could not be produced, being fenced). Nothing in flight was committed."""
-
-
-# ------------------------------------------------------------------------------ batches
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One input record and what parsing made of it."""
-
-    tp: TopicPartition
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
-    request: ClassificationRequest | None = None
-    error: RequestError | None = None
-
-
-@dataclass(eq=False)
-class _Batch:
-    seq: int
-    entries: list[_Entry] = field(default_factory=list)
-    last: dict[TopicPartition, int] = field(default_factory=dict)  # tp -> last offset here
-    started: float = field(default_factory=time.monotonic)
-    open: set[TopicPartition] = field(default_factory=set)  # tps not yet committed/dropped
-    done: bool = False
-    # at-least-once acknowledgement countdown (producer I/O thread)
-    waiting: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    reported: bool = False
-
-    def add(self, entry: _Entry) -> None:
-        self.entries.append(entry)
-        self.last[entry.tp] = entry.offset
-
-    def drop(self, tps: set[TopicPartition]) -> None:
-        self.entries = [e for e in self.entries if e.tp not in tps]
-        for tp in tps:
-            self.last.pop(tp, None)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-@dataclass(slots=True)
-class _Output:
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    entry: _Entry
-    dead_code: str | None  # None for a result
+# ------------------------------------------------------------------------------ rebalances
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -198,11 +172,17 @@ class _Listener(ConsumerRebalanceListener):
         self._worker._on_revoked(set(lost), lost=True)
 
 
-def _tp_name(tp: TopicPartition) -> str:
-    return f"{tp.topic}-{tp.partition}"
-
-
 # ------------------------------------------------------------------------------ the worker
+
+
+def _no_auto_create(producer: Any) -> None:
+    """kafka-python 3.0 drops the producer's allow_auto_create_topics (net/manager.py
+    builds the cluster metadata without it), so its metadata requests ask the broker to
+    create any topic they name: a reply_topic with a typo would be created. Set it where
+    the requests read it."""
+    config = getattr(getattr(producer, "_metadata", None), "config", None)
+    if isinstance(config, dict) and "allow_auto_create_topics" in config:
+        config["allow_auto_create_topics"] = False
 
 
 class StreamWorker:
@@ -230,7 +210,7 @@ class StreamWorker:
         self._drain = threading.Event()
         self._finished = threading.Event()
         self._wake = threading.Event()
-        self._done_q: queue.SimpleQueue[tuple[_Batch, BaseException | None]] = queue.SimpleQueue()
+        self._done_q: queue.SimpleQueue[tuple[Batch, BaseException | None]] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._last_error: str | None = None
         self._started_at: float | None = None
@@ -238,30 +218,39 @@ class StreamWorker:
 
         self._consumer: Any = None
         self._producer: Any = None
+        self._committer: Committer | None = None
+        self._txn: ExactlyOnceCommitter | None = None  # the committer, under exactly-once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._model = b""
 
         self._seq = 0
-        self._acc: _Batch | None = None
-        self._pending: dict[int, _Batch] = {}  # submitted, not yet retired (holds a slot)
-        self._tracks: dict[TopicPartition, deque[_Batch]] = {}
-        self._committed: dict[TopicPartition, int] = {}
+        self._acc: Batch | None = None  # the batch being filled
+        self._offsets = OffsetTracker()
         self._assignment: set[TopicPartition] = set()
+        # Where to read again after open work was abandoned (consumer thread applies it):
+        # the group's committed offset, else this first offset polled.
+        self._rewind: dict[TopicPartition, int] = {}
+        self._member = ""  # the member id the work in flight was fetched under
+        self._outage = OutageClock(settings.outage)  # consumer thread (and listener)
         self._closing = False  # teardown under way: the listener only forgets partitions
-        self._base: dict[TopicPartition, int] = {}  # first offset seen, before any commit
         self._last_poll = 0.0
         self._last_lag = 0.0
         self._submitted = 0  # written by the consumer thread
         self._classified = 0  # written by the engine loop
         self._send_turn: asyncio.Event | None = None  # engine loop only
 
-        # exactly-once: batches whose outputs are in the open transaction
-        self._txn_lock = threading.Lock()
-        self._txn_sent: list[_Batch] = []
-
-        self._good_topics: set[str] = {settings.output_topic}
-        self._bad_topics: dict[str, tuple[float, str]] = {}
+        self._admin: Any = None
+        self._topics: TopicGuard | None = None
+        self._builder: OutputBuilder | None = None
+        # The last error an output met (producer I/O thread): what an exactly-once commit
+        # that failed with kafka-python's generic "error state" was about.
+        self._last_output_error: BaseException | None = None
+        self._redo_streak = 0  # reads again in a row without a commit in between
+        b = settings.batching
+        self._poison = PoisonGuard(settings.poison, b.max_in_flight * b.max_records)
+        self._marks: dict[TopicPartition, tuple[int, str]] = {}  # to commit before submitting
+        self._producer_broken = False  # set by an abort that failed: reset before new work
 
     # ================================================================== public API
 
@@ -336,19 +325,33 @@ class StreamWorker:
     def status(self) -> dict[str, Any]:
         """Counters and state, safe to call from any thread."""
         snap = self.metrics.snapshot()
-        committed = {_tp_name(tp): off for tp, off in dict(self._committed).items()}
+        committed = {tp_name(tp): off for tp, off in dict(self._offsets.committed).items()}
         return {
             "worker": self.name,
             "pipeline": self.settings.pipeline,
             "state": self._state,
             "delivery": self.settings.delivery,
-            "assignment": sorted(_tp_name(tp) for tp in self._assignment),
+            "assignment": sorted(tp_name(tp) for tp in self._assignment),
             "committed": committed,
             "uptime_s": round(time.time() - self._started_at, 3) if self._started_at else 0.0,
             "last_error": self._last_error,
+            "group": self._membership(),
+            "outage": self._outage.status(),
             "metrics_exported": self.metrics.exported,  # to Ray's metrics (under Ray)
             **snap,
         }
+
+    def _membership(self) -> dict[str, Any]:
+        """This member's generation and id as its consumer knows them (-1 and "" while it
+        is out of the group)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {"generation": -1, "member_id": ""}
+        try:
+            meta = consumer.group_metadata()
+        except Exception:
+            return {"generation": -1, "member_id": ""}
+        return {"generation": meta.generation_id, "member_id": meta.member_id}
 
     @property
     def state(self) -> WorkerState:
@@ -373,25 +376,47 @@ class StreamWorker:
         # Build the engine on its own loop (an in-process vLLM binds to the loop it starts on).
         self._classifier = self._on_loop(self._build_classifier()).result()
         self._model = self._classifier.engine.info.model.encode()
+        self._producer = self._make_producer()
+        # Where outputs may go and how large they may be: asked on a connection of its own
+        # (one request, answered at once, where the producer would wait for metadata).
+        self._admin = KafkaAdminClient(**s.kafka.client_kwargs(client_id=f"{self._client}-admin"))
+        self._topics = TopicGuard(s, admin_describe(self._admin))
+        for topic in (s.output_topic, s.dead_letter_topic):
+            self._topics.lookup(topic)  # their max.message.bytes (a failure keeps the default)
+        self._builder = OutputBuilder(s, self._model, self._topics, self.log)
+        self._consumer = self._make_consumer()
+        self._make_committer()
+        subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
 
-        client_id = f"{s.kafka.client_id}-{self.name}"
+    @property
+    def _client(self) -> str:
+        return f"{self.settings.kafka.client_id}-{self.name}"
+
+    def _make_producer(self) -> Any:
+        s = self.settings
         producer_kw: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
+            # The pipeline's topics are created with the deployment; a reply_topic that
+            # does not exist is refused, not created (nor is a missing output topic).
+            "allow_auto_create_topics": False,
             "linger_ms": s.producer.linger_ms,
             "max_block_ms": s.producer.max_block_ms,
+            "delivery_timeout_ms": s.producer.delivery_timeout_ms,
+            "max_request_size": s.producer.max_request_size,
+            "request_timeout_ms": s.producer.request_timeout_ms,
         }
         if self._eos:
             producer_kw["transactional_id"] = s.transactional_id
             producer_kw["transaction_timeout_ms"] = s.producer.transaction_timeout_ms
-        self._producer = KafkaProducer(
-            **s.kafka.client_kwargs(client_id=f"{client_id}-producer"), **producer_kw
+        producer = KafkaProducer(
+            **s.kafka.client_kwargs(client_id=f"{self._client}-producer"), **producer_kw
         )
-        if self._eos:
-            # Fences an earlier incarnation of this replica and aborts its open transaction.
-            self._producer.init_transactions()
-            self._producer.begin_transaction()
+        _no_auto_create(producer)
+        return producer
 
+    def _make_consumer(self) -> Any:
+        s = self.settings
         consumer_kw: dict[str, Any] = {
             "group_id": s.group_id,
             "enable_auto_commit": False,
@@ -405,10 +430,36 @@ class StreamWorker:
         }
         if s.static_membership:
             consumer_kw["group_instance_id"] = s.group_instance_id
-        self._consumer = KafkaConsumer(
-            **s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **consumer_kw
+        return KafkaConsumer(
+            **s.kafka.client_kwargs(client_id=f"{self._client}-consumer"), **consumer_kw
         )
-        subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
+
+    def _make_committer(self) -> None:
+        timeout = self.settings.commit_timeout_s
+        if self._eos:
+            # init_transactions fences an earlier producer of this replica (an earlier
+            # incarnation, or this one's own before a reset) and aborts its transaction.
+            self._txn = ExactlyOnceCommitter(self._producer, self._consumer, timeout)
+            self._txn.start()
+            self._committer = self._txn
+        else:
+            self._committer = AtLeastOnceCommitter(self._consumer, self.log, timeout)
+
+    def _reset_producer(self, reason: str) -> None:
+        """A new producer in place of one that kafka-python made unusable (its idempotent
+        sender treats a record the broker refused for good as fatal). The open work is
+        abandoned first; under exactly-once the new producer fences the old one."""
+        with self._state_lock:
+            self._apply_completions()
+            self._abandon(f"producer reset: {reason}")
+            self._producer_broken = False
+            old = self._producer
+            with contextlib.suppress(Exception):
+                old.close(timeout=_CLOSE_TIMEOUT_S)
+            self._producer = self._make_producer()
+            self._make_committer()
+        self.metrics.record_producer_reset()
+        self.log.warning("producer_reset", reason=reason[:300])
 
     async def _build_classifier(self) -> Classifier:
         if self._classifier is not None:
@@ -424,52 +475,59 @@ class StreamWorker:
     def _teardown(self, *, failed: bool) -> None:
         """Close everything; never raises."""
         self._closing = True
-        consumer, producer = self._consumer, self._producer
-        if producer is not None and self._eos and (failed or self._stop.is_set()):
+        if failed or self._stop.is_set():
+            # Nothing in flight may reach the output after this (exactly-once: the open
+            # transaction is aborted rather than left to its timeout).
             with contextlib.suppress(Exception):
-                self._producer.abort_transaction()
-        if consumer is not None:
-            try:
-                consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
-            except Exception as exc:
-                self.log.warning("consumer_close_failed", error=str(exc))
-        if (
-            not failed
-            and self._drain.is_set()
-            and not self._stop.is_set()
-            and self.settings.static_membership
-        ):
-            self._remove_static_member()
-        if producer is not None:
-            try:
-                producer.close(timeout=_CLOSE_TIMEOUT_S)
-            except Exception as exc:
-                self.log.warning("producer_close_failed", error=str(exc))
-        loop, thread = self._loop, self._loop_thread
-        if loop is not None and thread is not None:
-            if self._classifier is not None:
-                with contextlib.suppress(Exception):
-                    self._on_loop(self._classifier.engine.close()).result(_CLOSE_TIMEOUT_S)
-
-            async def _cancel_rest() -> None:
-                me = asyncio.current_task()
-                for task in asyncio.all_tasks():
-                    if task is not me:
-                        task.cancel()
-
-            with contextlib.suppress(Exception):
-                self._on_loop(_cancel_rest()).result(_CLOSE_TIMEOUT_S)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(_CLOSE_TIMEOUT_S)
-            if not thread.is_alive():
-                loop.close()
+                self._abandon("stopping" if not failed else "failed")
+        self._close_clients(failed)
+        self._stop_engine_loop()
         self.metrics.set_in_flight(0)
         self._summary = {
             "consumed": self.metrics.consumed,
             "answered": self.metrics.answered,
             "dead_lettered": self.metrics.dead_lettered,
-            "committed": {_tp_name(tp): o for tp, o in sorted(self._committed.items())},
+            "committed": {tp_name(tp): o for tp, o in sorted(self._offsets.committed.items())},
         }
+
+    def _close_clients(self, failed: bool) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.close(autocommit=False, timeout_ms=int(_CLOSE_TIMEOUT_S * 1000))
+            except Exception as exc:
+                self.log.warning("consumer_close_failed", error=str(exc))
+        drained = not failed and self._drain.is_set() and not self._stop.is_set()
+        if drained and self.settings.static_membership:
+            self._remove_static_member()
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=_CLOSE_TIMEOUT_S)
+            except Exception as exc:
+                self.log.warning("producer_close_failed", error=str(exc))
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+
+    def _stop_engine_loop(self) -> None:
+        loop, thread = self._loop, self._loop_thread
+        if loop is None or thread is None:
+            return
+        if self._classifier is not None:
+            with contextlib.suppress(Exception):
+                self._on_loop(self._classifier.engine.close()).result(_CLOSE_TIMEOUT_S)
+
+        async def _cancel_rest() -> None:
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not me:
+                    task.cancel()
+
+        with contextlib.suppress(Exception):
+            self._on_loop(_cancel_rest()).result(_CLOSE_TIMEOUT_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_CLOSE_TIMEOUT_S)
+        if not thread.is_alive():
+            loop.close()
 
     def _remove_static_member(self) -> None:
         """A static member never sends LeaveGroup: ask the coordinator to remove it, so its
@@ -493,62 +551,82 @@ class StreamWorker:
     # ================================================================== consumer thread
 
     def _loop_body(self) -> None:
-        s = self.settings
-        max_records = s.batching.max_records
-        max_wait_s = s.batching.max_wait_ms / 1000
-        max_in_flight = s.batching.max_in_flight
-        consumer = self._consumer
         while True:
             # 1. Settle: acknowledged batches -> contiguous prefixes -> commit.
             with self._state_lock:
                 self._settle(sync=True)
             # 2. Control.
-            if self._failure is not None:
-                raise WorkerFailed(
-                    f"{type(self._failure).__name__}: {self._failure}"
-                ) from self._failure
-            if self._stop.is_set():
+            if self._control():
                 return
-            if self._drain.is_set():
-                self._finish_in_flight()
-                return
-            now = time.monotonic()
-            if now - self._last_lag >= _LAG_EVERY_S:
-                self._update_lag()
-                self._last_lag = now
-            # 3. Backpressure: every slot is taken (the batch being filled needs one).
-            if len(self._pending) >= max_in_flight:
+            self._maybe_update_lag()
+            # 3. Backpressure: every slot is taken (the batch being filled needs one), or
+            #    an outage holds new work back until its next try.
+            if self._offsets.in_flight >= self._slots() or self._outage.holding():
                 self._wait_full()
                 continue
             # 4. Poll.
-            acc = self._acc
-            rejoin = self._rejoin_pending()
-            if acc is not None and len(acc):
-                timeout_ms = max(0, int((acc.started + max_wait_s - now) * 1000))
-            elif self._pending:
-                timeout_ms = s.batching.max_wait_ms
-            else:
-                timeout_ms = _IDLE_POLL_MS
-            if rejoin:
-                timeout_ms = max(timeout_ms, _REJOIN_POLL_MS)
-            room = max_records - (len(acc) if acc is not None else 0)
-            records = consumer.poll(timeout_ms=timeout_ms, max_records=max(room, 1))
-            self._last_poll = time.monotonic()
+            records = self._poll()
             with self._state_lock:
-                self._assignment = set(consumer.assignment())
+                self._assignment = set(self._consumer.assignment())
+                records = self._apply_rewind(records)
                 # 5. Parse into the batch being filled.
                 if records:
                     self._take(records)
                 # 6. Submit when full, when waited long enough, or when the engine is idle.
-                acc = self._acc
-                if acc is not None and len(acc):
-                    waited = time.monotonic() - acc.started
-                    if (
-                        len(acc) >= max_records
-                        or waited >= max_wait_s
-                        or self._submitted == self._classified
-                    ):
-                        self._submit(acc)
+                self._maybe_submit()
+
+    def _slots(self) -> int:
+        """Batches allowed between poll and commit: one while a partition is suspect."""
+        return 1 if self._poison.careful() else self.settings.batching.max_in_flight
+
+    def _control(self) -> bool:
+        """Step 2: whether to leave the loop (raises on a failure)."""
+        if self._producer_broken and self._failure is None:
+            self._reset_producer("an abort failed")
+        if self._failure is not None:
+            raise WorkerFailed(
+                f"{type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+        if self._stop.is_set():
+            return True
+        if self._drain.is_set():
+            self._finish_in_flight()
+            return True
+        return False
+
+    def _poll(self) -> dict[TopicPartition, list[Any]]:
+        """Step 4: up to `max_records - len(batch)` records; waits no longer than the batch
+        being filled may still wait."""
+        b = self.settings.batching
+        acc = self._acc
+        if acc is not None and len(acc):
+            timeout_ms = max(0, int((acc.started + b.max_wait_ms / 1000 - time.monotonic()) * 1000))
+        elif self._offsets.in_flight:
+            timeout_ms = b.max_wait_ms
+        else:
+            timeout_ms = _IDLE_POLL_MS
+        if self._rejoin_pending():
+            timeout_ms = max(timeout_ms, _REJOIN_POLL_MS)
+        room = (1 if self._poison.careful() else b.max_records) - (len(acc) if acc else 0)
+        records: dict[TopicPartition, list[Any]] = self._consumer.poll(
+            timeout_ms=timeout_ms, max_records=max(room, 1)
+        )
+        self._last_poll = time.monotonic()
+        return records
+
+    def _maybe_submit(self) -> None:
+        """Step 6: the batch being filled goes to the engine when it is full, when it has
+        waited `max_wait_ms`, or at once when the engine is idle."""
+        acc, b = self._acc, self.settings.batching
+        if acc is None or not len(acc):
+            return
+        if (
+            len(acc) >= b.max_records
+            or self._poison.careful()
+            or time.monotonic() - acc.started >= b.max_wait_ms / 1000
+            or self._submitted == self._classified
+        ):
+            self._submit(acc)
 
     def _rejoin_pending(self) -> bool:
         # kafka-python 3 drives JoinGroup/SyncGroup from poll() only; knowing that one is
@@ -563,7 +641,8 @@ class StreamWorker:
             return False
 
     def _wait_full(self) -> None:
-        """Every slot taken: wait for a completion; keep the membership alive meanwhile.
+        """Every slot taken (or an outage pausing): wait for a completion; keep the
+        membership alive meanwhile.
 
         No pause()/resume(): kafka-python 3.0's fetcher parks the parsed records of a paused
         partition and gives them back only while no other partition's records are in line
@@ -586,44 +665,85 @@ class StreamWorker:
                     consumer.seek(tp, recs[0].offset)
 
     def _take(self, records: dict[TopicPartition, list[Any]]) -> None:
-        """Step 5: parse the polled records into the batch being filled."""
+        """Step 5: parse the polled records into the batch being filled. While a partition
+        is suspect (`workers.poison`) the batch takes one record; the rest are sought
+        back and polled again."""
+        for tp, recs in records.items():
+            if recs and not self._poison.known(tp):
+                self._first_seen(tp, recs[0].offset)
         if self._acc is None:
             self._seq += 1
-            self._acc = _Batch(self._seq)
+            self._acc = Batch(self._seq)
         acc = self._acc
-        limits = self.settings.parse_limits
-        sets = self.settings.question_sets
+        room = 1 - len(acc) if self._poison.careful() else sum(map(len, records.values()))
         n = 0
         for tp, recs in records.items():
-            if recs and tp not in self._committed and tp not in self._base:
-                self._base[tp] = recs[0].offset
+            if recs:
+                self._offsets.saw(tp, recs[0].offset)
             for rec in recs:
+                if n >= room:
+                    self._consumer.seek(tp, rec.offset)
+                    break
                 n += 1
-                value = rec.value
-                entry = _Entry(tp, rec.offset, rec.key, value, rec.timestamp)
-                parsed = parse_request(value, limits)
-                if isinstance(parsed, RequestError):
-                    entry.error = parsed
-                elif parsed.question_set is not None and parsed.question_set not in sets:
-                    entry.error = RequestError(
-                        code=ErrorCode.UNKNOWN_QUESTION_SET,
-                        message=f"question_set: no question set named {parsed.question_set!r} "
-                        f"in pipeline {self.settings.pipeline!r}",
-                        field="question_set",
-                    )
-                else:
-                    entry.request = parsed
-                acc.add(entry)
+                acc.add(self._entry(tp, rec))
         self.metrics.record_consumed(n)
 
-    def _submit(self, batch: _Batch) -> None:
+    def _entry(self, tp: TopicPartition, rec: Any) -> Entry:
+        entry = Entry(tp, rec.offset, rec.key, rec.value, rec.timestamp, list(rec.headers or ()))
+        killed = self._poison.poison(tp, rec.offset)
+        if killed is not None:
+            entry.error = RequestError(
+                code=ErrorCode.POISON,
+                message=f"this record was running alone when {killed.alone} worker "
+                "incarnations died (an engine crash on it, or the process killed); it is "
+                "not tried again",
+            )
+            return entry
+        parsed = parse_request(rec.value, self.settings.parse_limits)
+        if isinstance(parsed, RequestError):
+            entry.error = parsed
+        elif parsed.question_set is not None and parsed.question_set not in (
+            self.settings.question_sets
+        ):
+            entry.error = RequestError(
+                code=ErrorCode.UNKNOWN_QUESTION_SET,
+                message=f"question_set: no question set named {parsed.question_set!r} "
+                f"in pipeline {self.settings.pipeline!r}",
+                field="question_set",
+            )
+        else:
+            entry.request = parsed
+        return entry
+
+    def _first_seen(self, tp: TopicPartition, first: int) -> None:
+        """The partition's first records this incarnation: count the attempt (committed
+        before they run, in the committed offset's metadata)."""
+        try:
+            meta = self._consumer.committed(tp, metadata=True)
+        except Exception as exc:
+            self.log.warning("committed_offset_unknown", partition=tp_name(tp), error=str(exc))
+            meta = None
+        committed = None if meta is None else meta.offset
+        text = None if meta is None else meta.metadata
+        self._marks[tp] = self._poison.first_seen(tp, first, committed, text)
+        if self._poison.suspect(tp):
+            self.log.warning("partition_suspect", partition=tp_name(tp), offset=first, seen=text)
+
+    def _submit(self, batch: Batch) -> None:
+        """The batch goes to the engine, once the attempt counts it needs are committed."""
+        marks, self._marks = self._marks, {}
+        for e in batch.entries:
+            mark = self._poison.before_alone(e.tp, e.offset)
+            if mark is not None:
+                marks[e.tp] = mark
+        if marks:
+            self._settle(sync=True, marks=marks)
+            if self._acc is not batch or self._failure is not None:
+                return  # abandoned meanwhile (a stale membership): read again
         self._acc = None
-        batch.open = set(batch.last)
-        for tp in batch.open:
-            self._tracks.setdefault(tp, deque()).append(batch)
-        self._pending[batch.seq] = batch
+        self._offsets.track(batch)
         self._submitted += 1
-        self.metrics.set_in_flight(len(self._pending))
+        self.metrics.set_in_flight(self._offsets.in_flight)
         self._on_loop(self._process(batch))
 
     def _finish_in_flight(self) -> None:
@@ -633,7 +753,7 @@ class StreamWorker:
                 self._submit(self._acc)
             self._acc = None
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        while self._pending and time.monotonic() < deadline:
+        while self._offsets.in_flight and time.monotonic() < deadline:
             if self._failure is not None:
                 raise WorkerFailed(f"{self._failure}") from self._failure
             self._wake.wait(_FULL_WAIT_S)
@@ -642,11 +762,21 @@ class StreamWorker:
                 self._settle(sync=True)
         with self._state_lock:
             self._settle(sync=True)
-        if self._pending:
+            left = self._offsets.in_flight
+            if not left:
+                # Leaving cleanly is no crash: undo the attempt counts of partitions
+                # this incarnation made no progress on.
+                marks = self._poison.write_back(set(self._assignment))
+                if marks:
+                    self._settle(sync=True, marks=marks)
+            if left:
+                # The next owner reads them again; nothing of theirs may reach the output
+                # after this (exactly-once: no transaction left open until its timeout,
+                # holding back every read_committed reader of the output partitions).
+                self._abandon("drain timeout")
+        if left:
             self.log.warning(
-                "drain_timeout",
-                abandoned_batches=len(self._pending),
-                seconds=self.settings.drain_timeout_s,
+                "drain_timeout", abandoned_batches=left, seconds=self.settings.drain_timeout_s
             )
 
     # ------------------------------------------------------------------ settling
@@ -658,93 +788,119 @@ class StreamWorker:
                 batch, exc = self._done_q.get_nowait()
             except queue.Empty:
                 return
-            if exc is not None:
+            if exc is not None and batch.cancelled and not isinstance(exc, FatalEngineError):
+                continue  # abandoned already: read again
+            if isinstance(exc, Outage):
+                self._on_outage(exc)
+            elif isinstance(exc, Redo):
+                self._on_redo(exc)
+            elif exc is not None:
                 self._failure = self._failure or exc
             else:
-                batch.done = True
+                if self._txn is None:  # exactly-once: done once in the transaction commit
+                    batch.done = True
+                if self._outage.active:
+                    self._end_outage()
 
-    def _settle(self, *, sync: bool) -> None:
-        """Step 1: apply completions, commit the contiguous done prefix of each partition.
+    def _on_outage(self, outage: Outage) -> None:
+        """A batch met an outage: abandon the open work (read again after the pause) or,
+        past the budget, fail."""
+        pause = self._outage.hit(outage)
+        self.metrics.record_outage_try(outage.kind)
+        if self._outage.exhausted():
+            budget = self.settings.outage.budget_s
+            # An outage is not the records' fault: this incarnation's attempts are not
+            # counted (best effort: the commit may be out of reach too).
+            self._abandon(str(outage))
+            with contextlib.suppress(Exception):
+                marks = self._poison.write_back(set(self._assignment))
+                if marks and self._committer is not None:
+                    self._committer.commit(dict, sync=True, marks=marks)
+            self._failure = self._failure or WorkerFailed(
+                f"{outage} for longer than the outage budget ({budget:g} s)"
+            )
+            return
+        self.log.warning(
+            "outage",
+            kind=outage.kind,
+            tries=self._outage.tries,
+            pause_s=round(pause, 3),
+            error=outage.message[:300],
+        )
+        self._abandon(str(outage))
+
+    def _on_redo(self, redo: Redo) -> None:
+        """The broker refused an output for good: read the open work again at once (the
+        output check now knows why and dead-letters that record); a refusal that keeps
+        coming back is handled as an outage (backoff, budget)."""
+        self._redo_streak += 1
+        if self._redo_streak > _REDO_LIMIT:
+            self._on_outage(Outage("output", f"outputs keep failing: {redo}"[:500]))
+            return
+        self._abandon(str(redo))
+        if self._txn is None:
+            # kafka-python's idempotent producer makes a record refused for good fatal.
+            self._producer_broken = True
+
+    def _end_outage(self) -> None:
+        kind, tries = self._outage.kind, self._outage.tries
+        lasted = self._outage.clear()
+        self.metrics.record_outage_over()
+        self.log.info("outage_over", kind=kind, tries=tries, lasted_s=round(lasted, 3))
+
+    def _settle(self, *, sync: bool, marks: Marks | None = None) -> None:
+        """Step 1: apply completions, commit the contiguous done prefix of each partition
+        (and `marks`, the poison guard's attempt counts, for partitions with none).
 
         `sync`: commit and wait (consumer thread); otherwise commit_async (the listener,
         which runs on the I/O thread and must not block on it)."""
         self._apply_completions()
         if self._failure is not None:
             return
-        if self._eos:
-            self._commit_transaction()
-            return
-        ready = self._ready()
-        if not ready:
-            return
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, (off, _) in ready.items()}
+        self._note_membership()
+        assert self._committer is not None
         try:
-            if sync:
-                self._consumer.commit(offsets)
+            committed = self._committer.commit(self._offsets.ready, sync=sync, marks=marks)
+        except OutputFailed as exc:
+            # An output of the transaction failed (kafka-python says only that it is in
+            # an error state): as that output's own error.
+            cause, self._last_output_error = self._last_output_error or exc.cause, None
+            outage = produce_outage(cause)
+            if outage is not None:
+                self._on_outage(outage)
             else:
-                self._consumer.commit_async(offsets)
-        except FencedInstanceIdError as exc:
-            # Another live member has this replica's static id: this one is a zombie.
-            raise WorkerFailed(f"fenced: {exc}") from exc
-        except (CommitFailedError, KafkaError) as exc:
-            # Usually a rebalance under way: the batches stay tracked and are committed on
-            # the next pass (or forgotten when their partitions are revoked or lost).
-            self.log.warning("commit_failed", error=f"{type(exc).__name__}: {exc}")
+                self._on_redo(Redo(f"{exc}: {type(cause).__name__}: {cause}"))
             return
-        self._retire(ready)
+        except CommitRefused as exc:
+            self._abandon(str(exc))
+            return
+        for tp, (offset, _) in committed.items():
+            self._poison.committed(tp, offset)
+        if committed:
+            self._redo_streak = 0
+            self._offsets.retire(committed)
+            self.metrics.set_in_flight(self._offsets.in_flight)
 
-    def _ready(self) -> dict[TopicPartition, tuple[int, int]]:
-        """tp -> (offset to commit, number of batches it covers) for every partition whose
-        oldest tracked batches are done."""
-        out: dict[TopicPartition, tuple[int, int]] = {}
-        for tp, dq in self._tracks.items():
-            n = 0
-            for b in dq:
-                if not b.done:
-                    break
-                n += 1
-            if n:
-                out[tp] = (dq[n - 1].last[tp] + 1, n)
-        return out
+    def _note_membership(self) -> None:
+        """Abandon the open work when the member id changed under it: the member was out of
+        the group meanwhile, and another may have answered and committed those records.
+        kafka-python does not always say so: a JoinGroup refused with UNKNOWN_MEMBER_ID
+        rejoins under a new id with the partitions kept and no on_partitions_lost."""
+        try:
+            member = self._consumer.group_metadata().member_id
+        except Exception:
+            return
+        if not member:
+            return  # out of the group now: exactly-once refuses to commit meanwhile
+        if self._member and member != self._member:
+            self._abandon(f"member id changed from {self._member} to {member}")
+        self._member = member
 
-    def _retire(self, ready: dict[TopicPartition, tuple[int, int]]) -> None:
-        for tp, (offset, n) in ready.items():
-            dq = self._tracks[tp]
-            for _ in range(n):
-                self._release(dq.popleft(), tp)
-            if not dq:
-                del self._tracks[tp]
-            self._committed[tp] = offset
-        self.metrics.set_in_flight(len(self._pending))
-
-    def _release(self, batch: _Batch, tp: TopicPartition) -> None:
-        batch.open.discard(tp)
-        if not batch.open:
-            self._pending.pop(batch.seq, None)
-
-    def _commit_transaction(self) -> None:
-        """Exactly-once step 1: the outputs sent so far and their offsets, one transaction."""
-        with self._txn_lock:
-            sent, self._txn_sent = self._txn_sent, []
-            if not sent:
-                return
-            for b in sent:
-                b.done = True
-            ready = self._ready()
-            producer = self._producer
-            try:
-                if ready:
-                    offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, (off, _) in ready.items()}
-                    producer.send_offsets_to_transaction(offsets, self._consumer.group_metadata())
-                producer.commit_transaction()
-                producer.begin_transaction()
-            except Exception as exc:
-                # The transaction is aborted by this replica's next incarnation (same
-                # transactional id); its records stay invisible to read_committed readers.
-                raise WorkerFailed(
-                    f"transaction commit failed: {type(exc).__name__}: {exc}"
-                ) from exc
-        self._retire(ready)
+    def _maybe_update_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._last_lag >= _LAG_EVERY_S:
+            self._update_lag()
+            self._last_lag = now
 
     def _update_lag(self) -> None:
         consumer = self._consumer
@@ -756,51 +912,122 @@ class StreamWorker:
                 continue
             if high is None:
                 continue
-            base = self._committed.get(tp, self._base.get(tp))
+            base = self._offsets.lag_base(tp)
             if base is not None:
-                lag[_tp_name(tp)] = max(0, int(high) - int(base))
+                lag[tp_name(tp)] = max(0, int(high) - int(base))
         self.metrics.set_lag(lag)
 
     # ------------------------------------------------------------------ rebalances
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.log.info("partitions_assigned", partitions=sorted(_tp_name(tp) for tp in assigned))
+        self.log.info("partitions_assigned", partitions=sorted(tp_name(tp) for tp in assigned))
 
     def _on_revoked(self, revoked: set[TopicPartition], *, lost: bool) -> None:
         """Finish (bounded) and commit the revoked partitions' work, then forget them."""
         if not revoked:
             return
-        names = sorted(_tp_name(tp) for tp in revoked)
+        names = sorted(tp_name(tp) for tp in revoked)
         with self._state_lock:
             if self._acc is not None:
                 self._acc.drop(revoked)
             closing = self._closing or self._failure is not None
+            if lost:
+                self.metrics.record_lost(len(revoked))
+            if lost and self._txn is not None and not closing:
+                # This member was fenced: the group gave these partitions to another.
+                # Their outputs in the open transaction (and those of batches still in
+                # flight) must not be committed by this member's next commit.
+                self._guard(lambda: self._abandon("partitions lost"))
+            elif not lost and not closing:
+                finished = self._await_batches(revoked)
+                self._guard(lambda: self._settle(sync=False))
+                if not finished and self._txn is not None:
+                    # Their outputs would land in a later transaction without their
+                    # offsets: abandon the open work (the kept partitions read it again).
+                    self._guard(lambda: self._abandon("revoke timeout"))
             if not lost and not closing:
-                if not self._await_batches(revoked) and self._eos:
-                    # Their outputs would land in a later transaction without their offsets:
-                    # restart instead (the next incarnation aborts the open transaction).
-                    self._failure = self._failure or WorkerFailed(
-                        "exactly-once: the revoked partitions' batches did not finish in time"
-                    )
-                    return
-                try:
-                    self._settle(sync=False)
-                except WorkerFailed as exc:
-                    self._failure = self._failure or exc
-            abandoned = 0
-            for tp in revoked:
-                for b in self._tracks.pop(tp, ()):
-                    abandoned += 1
-                    self._release(b, tp)
-                if not self._closing:  # on the way out, status() keeps the last commits
-                    self._committed.pop(tp, None)
-                self._base.pop(tp, None)
-            self.metrics.set_in_flight(len(self._pending))
+                marks = self._poison.write_back(revoked)
+                if marks:
+                    self._guard(lambda: self._settle(sync=False, marks=marks))
+            self._poison.forget(revoked)
+            # On the way out, status() keeps the last commits.
+            abandoned = self._offsets.forget(revoked, keep_committed=self._closing)
+            self.metrics.set_in_flight(self._offsets.in_flight)
         self.log.info(
             "partitions_lost" if lost else "partitions_revoked",
             partitions=names,
             abandoned_batches=abandoned,
         )
+
+    def _guard(self, step: Any) -> None:
+        """Run a commit step in the listener: a failure there fails the worker at its next
+        loop (an exception would only reach kafka-python's poll())."""
+        try:
+            step()
+        except Exception as exc:
+            self._failure = self._failure or WorkerFailed(f"{type(exc).__name__}: {exc}")
+
+    def _abandon(self, reason: str) -> None:
+        """Give up everything between poll and commit and read it again from the committed
+        offsets: the batches in flight are cancelled (they produce nothing more; exactly-
+        once: the open transaction is aborted with them), the batch being filled is
+        dropped, and each of their partitions still assigned is sought back. Runs on the
+        consumer thread or in the listener, under the state lock."""
+        with self._state_lock:
+            batches = list(self._offsets.pending.values())
+            tps = {tp for b in batches for tp in b.last}
+            if self._acc is not None:
+                tps |= set(self._acc.last)
+            if not tps:
+                return  # nothing polled is unfinished (the transaction holds nothing)
+            for tp in tps:
+                start = self._offsets.lag_base(tp)
+                if start is not None:
+                    self._rewind[tp] = min(start, self._rewind.get(tp, start))
+            self._acc = None
+
+            def cancel() -> None:
+                for b in batches:
+                    b.cancelled = True
+
+            if self._txn is not None:
+                try:
+                    self._txn.abort(cancel)
+                except Exception as exc:
+                    # The producer is unusable (kafka-python made it fatal): the loop
+                    # replaces it before taking new work; the new one fences this one,
+                    # which aborts its transaction on the broker.
+                    cancel()
+                    self._producer_broken = True
+                    self.log.warning("abort_failed", error=f"{type(exc).__name__}: {exc}")
+                self.metrics.record_aborted()
+            else:
+                cancel()
+            self._offsets.forget(tps, keep_committed=True)
+            self.metrics.set_in_flight(self._offsets.in_flight)
+        self.log.warning(
+            "open_work_abandoned",
+            reason=reason,
+            batches=len(batches),
+            partitions=sorted(tp_name(tp) for tp in tps),
+        )
+
+    def _apply_rewind(
+        self, records: dict[TopicPartition, list[Any]]
+    ) -> dict[TopicPartition, list[Any]]:
+        """Seek the partitions whose work was abandoned back to the group's committed
+        offset (another member may have moved it on), else to where the work started;
+        what the last poll returned for them comes again."""
+        if not self._rewind:
+            return records
+        consumer, assigned = self._consumer, self._assignment
+        for tp, fallback in self._rewind.items():
+            records.pop(tp, None)
+            if tp in assigned:
+                committed = consumer.committed(tp)
+                consumer.seek(tp, fallback if committed is None else committed)
+        self._rewind.clear()
+        return records
 
     def _await_batches(self, tps: set[TopicPartition]) -> bool:
         """Wait until every batch holding records of `tps` is done (acknowledged, or in the
@@ -814,14 +1041,8 @@ class StreamWorker:
             self._apply_completions()
             if self._failure is not None:
                 return False
-            with self._txn_lock:
-                in_txn = {id(b) for b in self._txn_sent}
-            waiting = [
-                b
-                for tp in tps
-                for b in self._tracks.get(tp, ())
-                if not b.done and id(b) not in in_txn
-            ]
+            in_txn = self._txn.in_transaction() if self._txn is not None else set()
+            waiting = [b for b in self._offsets.batches(tps) if not b.done and id(b) not in in_txn]
             if not waiting:
                 return True
             if time.monotonic() >= deadline:
@@ -832,7 +1053,7 @@ class StreamWorker:
 
     # ================================================================== engine loop
 
-    async def _process(self, batch: _Batch) -> None:
+    async def _process(self, batch: Batch) -> None:
         """Steps 7-9 for one batch; reports completion (or failure) to the consumer thread."""
         prev, mine = self._send_turn, asyncio.Event()
         self._send_turn = mine
@@ -840,215 +1061,44 @@ class StreamWorker:
         try:
             requests = [e.request for e in batch.entries if e.request is not None]
             t0 = time.perf_counter()
-            calls = [0]
+            assert self._classifier is not None
+            s = self.settings
+            step = BatchClassifier(
+                self._classifier, s.engine_retries, s.engine_retry_backoff_s, self.log
+            )
             try:
-                outcomes = await self._classify(requests, calls) if requests else []
+                outcomes = await step.classify(requests) if requests else []
             finally:
                 self._classified += 1
                 classified = True
             self.metrics.record_batch(len(batch))
             if requests:
-                self.metrics.record_engine(time.perf_counter() - t0, calls[0])
-            outputs = await self._outputs(batch, outcomes)
+                self.metrics.record_engine(time.perf_counter() - t0, step.calls)
+            assert self._builder is not None
+            outputs = await self._builder.build(batch, outcomes)
             if prev is not None:
                 await prev.wait()
             self._produce(batch, outputs)
-            mine.set()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             if not classified:
                 self._classified += 1
-            self._report(batch, exc)
+            self._report(batch, produce_outage(exc) or exc)
+        finally:
+            mine.set()  # the next batch's outputs may go (a failed one sends nothing more)
 
-    async def _classify(
-        self, requests: list[ClassificationRequest], calls: list[int]
-    ) -> list[ClassificationResult | RequestError]:
-        """Step 7: the whole batch in one call; retries, then halves, on recoverable errors."""
-        assert self._classifier is not None
-        classifier = self._classifier
-        retries = self.settings.engine_retries
-        backoff = self.settings.engine_retry_backoff_s
-
-        async def attempt(
-            sub: Sequence[ClassificationRequest], tries: int
-        ) -> tuple[list[ClassificationResult | RequestError] | None, BaseException | None]:
-            last: BaseException | None = None
-            for i in range(tries):
-                if i:
-                    await asyncio.sleep(backoff * (2 ** (i - 1)))
-                calls[0] += 1
-                try:
-                    out = await classifier.classify(sub)
-                except FatalEngineError:
-                    raise
-                except ReadRejected as exc:  # before RecoverableEngineError: never retried
-                    return None, exc
-                except RecoverableEngineError as exc:
-                    last = exc
-                    continue
-                except Exception as exc:  # a bug or an engine error of another kind
-                    self.log.error("engine_unexpected_error", error=repr(exc), exc_info=True)
-                    last = exc
-                    continue
-                if len(out) != len(sub):
-                    last = RecoverableEngineError(
-                        f"the classifier returned {len(out)} answers for {len(sub)} requests"
-                    )
-                    continue
-                return out, None
-            return None, last
-
-        async def solve(
-            sub: Sequence[ClassificationRequest], whole: bool
-        ) -> list[ClassificationResult | RequestError]:
-            tries = 1 + retries if (whole or len(sub) == 1) else 1
-            out, err = await attempt(sub, tries)
-            if out is not None:
-                return out
-            if len(sub) == 1:
-                self.log.warning(
-                    "engine_failed_request",
-                    request_id=sub[0].id,
-                    error=f"{type(err).__name__}: {err}",
-                )
-                reason = f"{type(err).__name__}: {err}"[:500]
-                return [
-                    RequestError(
-                        code=ErrorCode.ENGINE_FAILED,
-                        message=f"the engine could not answer this request ({reason})",
-                    )
-                ]
-            if whole:
-                self.log.warning(
-                    "engine_batch_failed_splitting",
-                    size=len(sub),
-                    error=f"{type(err).__name__}: {err}",
-                )
-            mid = len(sub) // 2
-            left = await solve(sub[:mid], False)
-            return left + await solve(sub[mid:], False)
-
-        return await solve(requests, True)
-
-    async def _outputs(
-        self, batch: _Batch, outcomes: list[ClassificationResult | RequestError]
-    ) -> list[_Output]:
-        """Step 8: one output per input record, in input order."""
-        worker = self.name.encode()
-        version = str(SCHEMA_VERSION).encode()
-        result_headers = [("schema_version", version), ("model", self._model), ("worker", worker)]
-        it = iter(outcomes)
-        out: list[_Output] = []
-        for entry in batch.entries:
-            outcome = next(it) if entry.error is None else entry.error
-            try:
-                out.append(await self._output(entry, outcome, result_headers))
-            except Exception as exc:  # a bug must not poison the partition: dead-letter it
-                self.log.error("output_failed", error=repr(exc), exc_info=True)
-                error = RequestError(
-                    code=ErrorCode.ENGINE_FAILED,
-                    message=f"the worker could not build this request's output: {exc!r}"[:500],
-                )
-                out.append(self._dead_letter(entry, error))
-        return out
-
-    async def _output(
-        self,
-        entry: _Entry,
-        outcome: ClassificationResult | RequestError,
-        headers: list[tuple[str, bytes]],
-    ) -> _Output:
-        if isinstance(outcome, RequestError):
-            return self._dead_letter(entry, outcome)
-        assert entry.request is not None
-        topic = entry.request.reply_topic or self.settings.output_topic
-        problem = None if topic in self._good_topics else await self._check(topic)
-        if problem is not None:
-            error = RequestError(
-                code=ErrorCode.INVALID_REPLY_TOPIC,
-                message=f"reply_topic: cannot write to {topic!r}: {problem}",
-                field="reply_topic",
-            )
-            return self._dead_letter(entry, error)
-        value = outcome.model_dump_json().encode()
-        return _Output(topic, outcome.id.encode(), value, headers, entry, None)
-
-    def _dead_letter(self, entry: _Entry, error: RequestError) -> _Output:
-        s = self.settings
-        letter = DeadLetter.build(
-            error,
-            entry.value,
-            entry.tp.topic,
-            entry.tp.partition,
-            entry.offset,
-            entry.key,
-            entry.timestamp_ms if entry.timestamp_ms >= 0 else None,
-            self.name,
-            max_original_bytes=s.producer.max_dead_letter_original_bytes,
-        )
-        headers = [
-            ("schema_version", str(SCHEMA_VERSION).encode()),
-            ("worker", self.name.encode()),
-            ("error_code", error.code.value.encode()),
-        ]
-        key = letter.request_id.encode() if letter.request_id else None
-        self.log.info(
-            "dead_letter",
-            request_id=letter.request_id,
-            code=error.code.value,
-            message=error.message[:300],
-            topic=entry.tp.topic,
-            partition=entry.tp.partition,
-            offset=entry.offset,
-        )
-        return _Output(
-            s.dead_letter_topic,
-            key,
-            letter.model_dump_json().encode(),
-            headers,
-            entry,
-            error.code.value,
-        )
-
-    async def _check(self, topic: str) -> str | None:
-        """Whether a reply topic can be written (its metadata can be had); cached."""
-        bad = self._bad_topics.get(topic)
-        if bad is not None and time.monotonic() - bad[0] < _BAD_TOPIC_TTL_S:
-            return bad[1]
-        loop = asyncio.get_running_loop()
-        problem: str | None
-        try:
-            parts = await loop.run_in_executor(None, self._producer.partitions_for, topic)
-        except Exception as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        else:
-            problem = None if parts else "the topic has no partitions"
-        if problem is None:
-            self._good_topics.add(topic)
-            self._bad_topics.pop(topic, None)
-            return None
-        self._bad_topics[topic] = (time.monotonic(), problem)
-        return problem
-
-    def _produce(self, batch: _Batch, outputs: list[_Output]) -> None:
-        """Step 9: send; the batch is done when every output is acknowledged."""
-        producer = self._producer
-        now_ms = time.time() * 1000
-        e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
-        dead = [o.dead_code for o in outputs if o.dead_code is not None]
-        answered = len(outputs) - len(dead)
+    def _produce(self, batch: Batch, outputs: list[Output]) -> None:
+        """Step 9: send; the batch is done when every output is acknowledged (exactly-
+        once: when they are in the open transaction)."""
+        if batch.cancelled:  # abandoned meanwhile: its records are read again
+            return
         if self._debug:
             for o in outputs:
                 if o.dead_code is None and o.key is not None:
                     self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
-        if self._eos:
-            with self._txn_lock:
-                for o in outputs:
-                    producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
-                self._txn_sent.append(batch)
-            self.metrics.record_outputs(answered, dead, e2e)
-            self._wake.set()
+        if self._txn is not None:
+            self._produce_in_transaction(batch, outputs)
             return
         if not outputs:
             self._done_q.put((batch, None))
@@ -1066,20 +1116,52 @@ class StreamWorker:
                 self._done_q.put((batch, None))
                 self._wake.set()
 
-        def on_error(exc: BaseException) -> None:
-            self._report(batch, exc)
-
         for o in outputs:
-            fut = producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+            fut = self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
             fut.add_callback(on_ack)
-            fut.add_errback(on_error)
-        self.metrics.record_outputs(answered, dead, e2e)
+            fut.add_errback(functools.partial(self._output_failed, batch, o))
+        self._record_outputs(outputs)
 
-    def _report(self, batch: _Batch, exc: BaseException) -> None:
+    def _produce_in_transaction(self, batch: Batch, outputs: list[Output]) -> None:
+        assert self._txn is not None
+        futures = self._txn.send(batch, outputs)
+        if futures is None:
+            return  # cancelled
+        for o, fut in zip(outputs, futures, strict=True):
+            fut.add_errback(functools.partial(self._output_failed, batch, o))
+        self._record_outputs(outputs)
+        self._done_q.put((batch, None))  # in the transaction (an outage is over)
+        self._wake.set()
+
+    def _record_outputs(self, outputs: list[Output]) -> None:
+        now_ms = time.time() * 1000
+        e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
+        dead = [o.dead_code for o in outputs if o.dead_code is not None]
+        self.metrics.record_outputs(len(outputs) - len(dead), dead, e2e)
+
+    def _output_failed(self, batch: Batch, output: Output, exc: BaseException) -> None:
+        """The broker refused an output (producer I/O thread). What was known of its topic
+        (limit, ACLs) is asked again; waiting may cure some errors (an outage); for the
+        rest the batch is read again, and the output check refuses the record that does
+        not fit (kafka-python fails every batch in flight with the refused one's error,
+        so the error alone does not say which record it was)."""
+        self._last_output_error = exc
+        if self._topics is not None:
+            self._topics.forget(output.topic)
+        failed = f"an output to {output.topic!r} failed: {exc}"
+        self._report(batch, produce_outage(exc) or Redo(failed))
+        if self._txn is None:
+            # kafka-python's idempotent sender may have gone fatal with this batch (it does
+            # for a record refused for good): the loop puts a new producer in first.
+            self._producer_broken = True
+
+    def _report(self, batch: Batch, exc: BaseException) -> None:
         with batch.lock:
             if batch.reported:
                 return
             batch.reported = True
+        if batch.cancelled and not isinstance(exc, FatalEngineError):
+            return  # abandoned already: its records are read again
         self._last_error = f"{type(exc).__name__}: {exc}"
         self._done_q.put((batch, exc))
         self._wake.set()

@@ -33,7 +33,14 @@ import numpy as np
 import pytest
 
 from workers.engine.models import DIFFUSION_GENERATION
-from workers.engine.types import Engine, FatalEngineError, Read, RecoverableEngineError, Slot
+from workers.engine.types import (
+    Engine,
+    EngineUnavailable,
+    FatalEngineError,
+    Read,
+    RecoverableEngineError,
+    Slot,
+)
 from workers.engine.vllm_backend import (
     MAX_LOGPROB_TOKEN_IDS as OUR_MAX_LOGPROB_TOKEN_IDS,
 )
@@ -578,10 +585,26 @@ def test_remote_engine_maps_http_errors(fake_serve: tuple[str, type[_FakeServe]]
     handler.status = 401
     with pytest.raises(FatalEngineError):
         asyncio.run(engine.read([READS["yes_no"]]))
-    handler.status = 503
+    handler.status = 500
     with pytest.raises(RecoverableEngineError) as retry:
         asyncio.run(engine.read([READS["yes_no"]]))
-    assert not isinstance(retry.value, ReadRejected)
+    assert not isinstance(retry.value, ReadRejected | EngineUnavailable)
+    # A server that is down, restarting or overloaded is an outage, not the read's fault.
+    for status in (429, 502, 503, 504):
+        handler.status = status
+        with pytest.raises(EngineUnavailable):
+            asyncio.run(engine.read([READS["yes_no"]]))
+
+
+def test_remote_engine_out_of_reach_is_unavailable() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = VllmRemoteEngine(VllmRemoteSettings(base_url=f"http://127.0.0.1:{port}"))
+    with pytest.raises(EngineUnavailable, match="refused"):
+        asyncio.run(engine.read([READS["yes_no"]]))
 
 
 def test_module_imports_without_vllm_names() -> None:

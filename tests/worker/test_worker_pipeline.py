@@ -30,6 +30,7 @@ from workers.engine.types import (
     RecoverableEngineError,
 )
 from workers.engine.vllm_backend import ReadRejected
+from workers.kafka_admin import ensure_topics
 from workers.worker import WorkerFailed
 
 pytestmark = pytest.mark.broker
@@ -139,8 +140,10 @@ def test_worker_bad_messages_dead_lettered_good_ones_answered_then_drain(
     settings = pipeline.settings(
         parse_limits={"max_message_bytes": 4096, "max_state_chars": 200},
         batching={"max_records": 16, "max_wait_ms": 20},
+        reply_topics=["reply-*"],
     )
     reply = unique_name("reply")
+    ensure_topics(pipeline.conn, {reply: 1})  # a reply topic must exist (none is created)
     # Good and bad interleaved, on every partition.
     values: list[bytes | None] = []
     kinds: list[tuple[str, ErrorCode] | None] = []

@@ -39,8 +39,8 @@ def test_worker_settings_defaults_and_derived_names() -> None:
     assert s.batching.max_records == 64 and s.batching.max_in_flight == 2
     assert s.delivery == "at_least_once" and not s.static_membership
     assert s.name == "moderation-3"
-    assert s.group_instance_id == "moderation-3"
-    assert s.transactional_id == "dgstream-moderation-moderation-3"
+    assert s.group_instance_id == "default-moderation-3"
+    assert s.transactional_id == "dgstream-moderation-default-moderation-3"
     assert s.num_gpus == 0  # the default engine is transformers
     assert _settings(engine=EngineSettings(backend="vllm")).num_gpus == 1
     assert _settings(resources={"gpus": 0}, engine=EngineSettings(backend="vllm")).num_gpus == 0
@@ -49,9 +49,19 @@ def test_worker_settings_defaults_and_derived_names() -> None:
         s.replica = 4  # type: ignore[misc]
 
 
+def test_two_deployments_of_a_replica_have_their_own_ids() -> None:
+    """Same pipeline, group and replica number: an upgrade runs both at once; sharing a
+    transactional (or static member) id, each would fence the other."""
+    blue, green = _settings(deployment="blue"), _settings(deployment="green")
+    assert blue.transactional_id != green.transactional_id
+    assert blue.group_instance_id != green.group_instance_id
+    assert _settings(deployment="blue").transactional_id == blue.transactional_id  # stable
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
+        ({"deployment": "Blue"}, "should match pattern"),
         ({"output_topic": "requests"}, "must differ from the input topics"),
         ({"dead_letter_topic": "requests"}, "must differ from the input topics"),
         ({"input_topics": ["a", "a"]}, "twice"),

@@ -155,7 +155,12 @@ class Pipeline:
         return WorkerSettings.model_validate(base)
 
     def produce(
-        self, values: list[bytes | None], *, keys: list[bytes | None] | None = None, **kw: Any
+        self,
+        values: list[bytes | None],
+        *,
+        keys: list[bytes | None] | None = None,
+        headers: list[list[tuple[str, bytes | None]]] | None = None,
+        **kw: Any,
     ) -> list[Any]:
         """Send, wait for the acknowledgements; returns their RecordMetadata in order."""
         from kafka import KafkaProducer
@@ -167,7 +172,13 @@ class Pipeline:
         )
         try:
             futures = [
-                producer.send(self.input, value=v, key=None if keys is None else keys[i], **kw)
+                producer.send(
+                    self.input,
+                    value=v,
+                    key=None if keys is None else keys[i],
+                    headers=None if headers is None else headers[i],
+                    **kw,
+                )
                 for i, v in enumerate(values)
             ]
             producer.flush(timeout=60)

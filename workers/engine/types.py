@@ -78,6 +78,12 @@ class RecoverableEngineError(EngineError):
     """The batch may succeed if retried (or split): a timeout, a transient OOM."""
 
 
+class EngineUnavailable(RecoverableEngineError):
+    """The engine cannot be reached (connection refused or reset, a timeout, HTTP 429 or
+    5xx from a remote server): an outage, not the input's fault. The worker holds the
+    batch and retries with backoff; it never dead-letters because of this."""
+
+
 class FatalEngineError(EngineError):
     """The engine is unusable: stop consuming and let Ray restart the actor."""
 

@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from workers.engine.types import (
     EngineConfigError,
     EngineInfo,
+    EngineUnavailable,
     FatalEngineError,
     Read,
     ReadResult,
@@ -578,11 +579,13 @@ def _classify_vllm_error(exc: BaseException) -> tuple[str, str]:
 
 
 def _settle(outcomes: Sequence[Any], classify: Any) -> list[ReadResult]:
-    """All reads succeeded -> their results; otherwise the worst error, most severe first."""
+    """All reads succeeded -> their results; otherwise the worst error, most severe first
+    (fatal, rejected, unavailable, retry)."""
     results: list[ReadResult | None] = []
     rejected: dict[int, str] = {}
     fatal: str | None = None
     retry: tuple[str, BaseException] | None = None
+    unavailable: tuple[str, BaseException] | None = None
     for i, out in enumerate(outcomes):
         if isinstance(out, ReadResult):
             results.append(out)
@@ -595,6 +598,8 @@ def _settle(outcomes: Sequence[Any], classify: Any) -> list[ReadResult]:
             fatal = fatal or message
         elif kind == "rejected":
             rejected[i] = message
+        elif kind == "unavailable":
+            unavailable = unavailable or (f"read {i}: {message}", out)
         elif retry is None:
             retry = (f"read {i}: {message}", out)
     if fatal is not None:
@@ -602,6 +607,8 @@ def _settle(outcomes: Sequence[Any], classify: Any) -> list[ReadResult]:
     if rejected:
         first = min(rejected)
         raise ReadRejected(first, rejected[first], rejected=rejected, results=results)
+    if unavailable is not None:
+        raise EngineUnavailable(unavailable[0]) from unavailable[1]
     if retry is not None:
         raise RecoverableEngineError(retry[0]) from retry[1]
     return [r for r in results if r is not None]
@@ -750,15 +757,26 @@ class VllmRemoteEngine:
         return None
 
 
+# A server that is down, restarting or overloaded: 429 Too Many Requests, 502/503/504 from
+# it or a proxy in front of it. Other 5xx are errors of one request (retried, then split).
+_UNAVAILABLE_STATUS = (429, 502, 503, 504)
+
+
 def _classify_http_error(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, _HttpError):
         if exc.status in (400, 422):  # vLLM's VLLMValidationError -> 400 Bad Request
             return "rejected", str(exc)
         if exc.status in (401, 403, 404):  # wrong key, URL or model: fix the config
             return "fatal", str(exc)
+        if exc.status in _UNAVAILABLE_STATUS:
+            return "unavailable", str(exc)
         return "retry", str(exc)
     if isinstance(exc, FatalEngineError):
         return "fatal", str(exc)
+    # Connection refused or reset, DNS, a timeout: the server is out of reach
+    # (urllib.error.URLError wraps them; TimeoutError and ConnectionError are OSErrors).
+    if isinstance(exc, urllib.error.URLError | OSError):
+        return "unavailable", f"{type(exc).__name__}: {exc}"
     return "retry", f"{type(exc).__name__}: {exc}"
 
 

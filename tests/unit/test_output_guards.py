@@ -1,0 +1,201 @@
+"""Where outputs may go and the poison guard's protocol, without a broker: the reply-topic
+allow-list, the cluster's answers (a fake `describe`), record sizes, and the attempt
+counts kept in committed offsets' metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kafka import TopicPartition
+
+from schemas import ErrorCode
+from workers.kafka_settings import KafkaConnection
+from workers.poison import Attempts, PoisonGuard, parse_attempts
+from workers.settings import PoisonTuning, WorkerSettings
+from workers.topics import BAD_TTL_S, TopicGuard, record_size
+
+pytestmark = pytest.mark.unit
+
+TP = TopicPartition("requests", 0)
+
+
+def _settings(**kw: Any) -> WorkerSettings:
+    return WorkerSettings(
+        pipeline="p",
+        input_topics=["requests"],
+        output_topic="results",
+        dead_letter_topic="dead",
+        group_id="g",
+        kafka=KafkaConnection(bootstrap_servers="127.0.0.1:9092"),
+        **kw,
+    )
+
+
+class Cluster:
+    """Answers `describe(topic)` like a cluster would; counts the questions."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, dict[str, Any]] = {}
+        self.asked: list[str] = []
+
+    def add(self, name: str, max_bytes: int = 1_048_588, ops: list[str] | None = None) -> None:
+        ops = ops if ops is not None else ["READ", "WRITE", "DESCRIBE"]
+        self.topics[name] = {"error_code": 0, "is_internal": False, "authorized_operations": ops}
+        self.topics[name]["max"] = max_bytes
+
+    def describe(self, topic: str) -> tuple[dict[str, Any], int | None]:
+        self.asked.append(topic)
+        meta = self.topics.get(topic, {"error_code": 3, "is_internal": topic.startswith("__")})
+        return meta, meta.get("max")
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("topic", "code"),
+    [
+        ("results", None),  # the output topic: always
+        ("dgstream.replies.ab12", None),  # the default allow-list
+        ("other", ErrorCode.REPLY_TOPIC_NOT_ALLOWED),
+        ("__consumer_offsets", ErrorCode.REPLY_TOPIC_NOT_ALLOWED),
+        ("__transaction_state", ErrorCode.REPLY_TOPIC_NOT_ALLOWED),
+        ("requests", ErrorCode.REPLY_TOPIC_NOT_ALLOWED),  # a loop through the pipeline
+        ("dead", ErrorCode.REPLY_TOPIC_NOT_ALLOWED),
+    ],
+)
+def test_the_allow_list(topic: str, code: ErrorCode | None) -> None:
+    guard = TopicGuard(_settings(), Cluster().describe)
+    refusal = guard.by_name(topic)
+    assert (refusal.code if refusal else None) == code
+    if refusal is not None:
+        assert refusal.field == "reply_topic" and topic in refusal.message
+
+
+def test_an_allow_list_of_patterns_and_internal_topics_even_when_listed() -> None:
+    guard = TopicGuard(_settings(reply_topics=["team-*", "__*"]), Cluster().describe)
+    assert guard.by_name("team-a") is None
+    refusal = guard.by_name("__consumer_offsets")
+    assert refusal is not None and "internal" in refusal.message
+
+
+def test_what_the_cluster_says_is_kept_good_forever_bad_for_a_while() -> None:
+    cluster, clock = Cluster(), Clock()
+    cluster.add("dgstream.replies.ok")
+    cluster.add("dgstream.replies.ro", ops=["READ", "DESCRIBE"])
+    guard = TopicGuard(_settings(), cluster.describe, clock)
+    ok = guard.lookup("dgstream.replies.ok")
+    assert ok is not None and ok.refusal is None and ok.max_bytes == 1_048_576
+    known = guard.lookup("dgstream.replies.nope")
+    missing = known.refusal if known else None
+    assert missing is not None and missing.code == ErrorCode.REPLY_TOPIC_UNKNOWN
+    known = guard.lookup("dgstream.replies.ro")
+    ro = known.refusal if known else None
+    assert ro is not None and ro.code == ErrorCode.REPLY_TOPIC_NOT_WRITABLE
+    assert guard.cached("dgstream.replies.ok") is not None
+    known = guard.cached("dgstream.replies.nope")
+    assert known is not None and known.refusal == missing
+    clock.now += BAD_TTL_S + 1  # it may have been created since
+    assert guard.cached("dgstream.replies.nope") is None
+    assert guard.cached("dgstream.replies.ok") is not None
+    assert cluster.asked.count("dgstream.replies.ok") == 1
+
+
+def test_a_question_that_fails_refuses_nothing_and_is_asked_again() -> None:
+    def down(topic: str) -> tuple[dict[str, Any], int | None]:
+        raise TimeoutError("the cluster is out of reach")
+
+    guard = TopicGuard(_settings(), down)
+    assert guard.lookup("dgstream.replies.x") is None
+    assert guard.cached("dgstream.replies.x") is None
+
+
+def test_a_record_larger_than_its_topic_takes_is_refused() -> None:
+    cluster = Cluster()
+    cluster.add("results", max_bytes=2_000)
+    guard = TopicGuard(_settings(producer={"max_request_size": 1_500_000}), cluster.describe)
+    guard.lookup("results")
+    headers = [("schema_version", b"1"), ("model", b"m"), ("worker", b"w")]
+    small = record_size(b"id", b"x" * 100, headers)
+    big = record_size(b"id", b"x" * 3_000, headers)
+    assert small < 2_000 < big
+    assert guard.too_large("results", small) is None
+    refusal = guard.too_large("results", big)
+    assert refusal is not None and refusal.code == ErrorCode.OUTPUT_TOO_LARGE
+    assert "2000" in refusal.message
+    # A topic never asked about: the producer's own limit.
+    assert guard.max_bytes("dead") == 1_500_000
+
+
+# --------------------------------------------------------------------------- poison
+
+
+def test_attempts_survive_the_metadata_string_and_foreign_metadata_counts_nothing() -> None:
+    a = Attempts(started=3, alone=1)
+    assert parse_attempts(a.text()) == a
+    assert Attempts().text() == ""
+    for foreign in (None, "", "checkpoint-17", "dgstream:v1;started=x;alone=1"):
+        assert parse_attempts(foreign) == Attempts()
+
+
+def _guard() -> PoisonGuard:
+    return PoisonGuard(PoisonTuning(suspect_after=2, poison_after=2), window=4)
+
+
+def test_a_partition_first_seen_counts_one_start() -> None:
+    g = _guard()
+    assert g.first_seen(TP, 10, 10, "") == (10, "dgstream:v1;started=1;alone=0")
+    assert not g.careful()
+    g.committed(TP, 14)  # progress: the count is cleared by the commit itself
+    assert g.write_back({TP}) == {}
+
+
+def test_a_committed_offset_not_where_reading_starts_counts_from_zero() -> None:
+    g = _guard()
+    old = Attempts(5, 5).text()
+    assert g.first_seen(TP, 20, 10, old) == (20, Attempts(1, 0).text())
+    assert not g.careful() and g.poison(TP, 20) is None
+
+
+def test_two_crashed_starts_make_the_partition_suspect_and_records_run_alone() -> None:
+    g = _guard()
+    g.first_seen(TP, 10, 10, Attempts(2, 0).text())
+    assert g.careful() and g.suspect(TP)
+    assert g.before_alone(TP, 10) == (10, Attempts(3, 1).text())
+    assert g.before_alone(TP, 10) is None  # counted once per incarnation (outage retries)
+    g.committed(TP, 11)
+    assert g.before_alone(TP, 11) == (11, Attempts(1, 1).text())
+    g.committed(TP, 14)  # the window (4 records) is through
+    assert not g.careful()
+
+
+def test_a_record_alone_in_two_crashes_is_poison() -> None:
+    g = _guard()
+    g.first_seen(TP, 12, 12, Attempts(1, 1).text())
+    assert g.careful() and g.poison(TP, 12) is None  # once alone: once more
+    g = _guard()
+    g.first_seen(TP, 12, 12, Attempts(1, 2).text())
+    assert g.poison(TP, 12) == Attempts(1, 2)
+    assert g.poison(TP, 13) is None
+
+
+def test_leaving_cleanly_without_progress_writes_back_what_was_read() -> None:
+    g = _guard()
+    seen = Attempts(1, 0).text()
+    g.first_seen(TP, 10, 10, seen)
+    assert g.write_back({TP}) == {TP: (10, seen)}
+    assert g.write_back({TP}) == {}  # once
+
+
+def test_a_partition_that_leaves_and_comes_back_is_not_counted_twice() -> None:
+    """A rebalance moves a partition away and back within one incarnation: one start."""
+    g = _guard()
+    assert g.first_seen(TP, 10, 10, "") == (10, Attempts(1, 0).text())
+    g.forget({TP})
+    assert g.first_seen(TP, 10, 10, Attempts(1, 0).text()) == (10, Attempts(1, 0).text())
+    assert not g.careful()

@@ -1,0 +1,214 @@
+"""Exactly-once under rebalances and zombies, on the real broker: a member kicked out of
+its group (as a session expiry does) with batches in flight, a zombie's transactional
+offset commit after its generation was reset, a drain that times out, a revocation that
+times out, and two deployments of one pipeline. Every check reads the output with
+read_committed: each id exactly once."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from faults import GateEngine, LogTap, classifier_with, kick_member, kick_worker, member_ids
+from faults import transaction_state as txn_state
+from waiting import wait_for
+from worker_helpers import Pipeline, WorkerThread, count_duplicates
+
+pytestmark = pytest.mark.broker
+
+_SMALL = {"max_records": 8, "max_wait_ms": 20}
+
+
+def _exactly_once(reader: Any, ids: list[str], pipeline: Pipeline) -> None:
+    reader.read_until(lambda r: set(r.keys()) >= set(ids), 90, "every result")
+    wait_for(lambda: pipeline.lag() == 0, 60, "the group's lag to reach 0")
+    reader.read_to_end()
+    keys = reader.keys()
+    print(f"\n{len(keys)} results, {count_duplicates(keys)} duplicates")
+    assert sorted(keys) == sorted(ids)
+
+
+def test_partitions_lost_with_batches_in_flight_are_not_committed_by_the_next_commit(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """The member is kicked out while its engine holds two batches; it rejoins and reads
+    its partitions again from the committed offsets. The held batches' outputs must not go
+    into a transaction (they would be committed without their offsets, then answered
+    again)."""
+    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL)
+    classifier, engine = classifier_with(GateEngine, settings)
+    ids = pipeline.produce_requests(40)
+    wt = WorkerThread(settings, classifier=classifier).start()
+    worker_threads.append(wt)
+    assert engine.entered.wait(60), "no batch reached the engine"
+    old = kick_worker(pipeline.conn, pipeline.group, wt.worker)
+    wait_for(lambda: member_ids(pipeline.conn, pipeline.group) - {old}, 60, "the worker to rejoin")
+    engine.gate.set()
+    _exactly_once(pipeline.reader(read_committed=True), ids, pipeline)
+    status = wt.worker.status()
+    assert status["state"] == "running" and wt.error is None
+    # kafka-python reports the loss (on_partitions_lost), or rejoins under a new member id
+    # without a word (a JoinGroup refused with UNKNOWN_MEMBER_ID): aborted either way.
+    assert status["transactions_aborted"] >= 1
+    wt.worker.drain()
+    wt.join()
+
+
+def test_a_zombie_commits_no_offsets_after_its_generation_was_reset(
+    pipeline: Pipeline,
+) -> None:
+    """kafka-python resets a kicked member's generation to -1 and its member id to "" on
+    the heartbeat that learns of it; the coordinator checks a transactional offset commit
+    carrying those against nothing. The committer must refuse it."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from workers.batches import Batch, Entry, Output
+    from workers.commit import ExactlyOnceCommitter, OffsetTracker
+    from workers.errors import CommitRefused
+    from workers.kafka_admin import subscribe_known
+
+    conn = pipeline.conn
+    consumer = KafkaConsumer(
+        **conn.client_kwargs(client_id="zombie"),
+        group_id=pipeline.group,
+        enable_auto_commit=False,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+    )
+    producer = KafkaProducer(
+        **conn.client_kwargs(client_id="zombie-p"),
+        transactional_id=f"{pipeline.group}-zombie",  # the check below reads its state
+        enable_idempotence=True,
+        acks="all",
+    )
+    try:
+        subscribe_known(consumer, [pipeline.input])
+        wait_for(lambda: consumer.poll(100) is not None and consumer.assignment(), 60, "joined")
+        committer = ExactlyOnceCommitter(producer, consumer, timeout_s=30)
+        committer.start()
+        tp = TopicPartition(pipeline.input, 0)
+        batch, tracker = Batch(1), OffsetTracker()
+        batch.add(Entry(tp, 0, None, b"{}", 0))
+        tracker.track(batch)
+        committer.send(batch, [Output(pipeline.output, b"k", b"v", [], batch.entries[0], None)])
+        member = consumer.group_metadata().member_id
+        kick_member(conn, pipeline.group, member)
+        # The heartbeat thread learns of it (no poll() here: that would rejoin).
+        wait_for(lambda: consumer.group_metadata().generation_id < 0, 30, "a generation reset")
+        with pytest.raises(CommitRefused, match="not a member"):
+            committer.commit(tracker.ready)
+        committer.abort()
+        # Offsets of a committed transaction appear once its markers are written, i.e. by
+        # the time the coordinator says Complete*; none may appear for this group.
+        txn_id = f"{pipeline.group}-zombie"
+        done = {"CompleteAbort", "CompleteCommit", "Empty"}
+        state = wait_for(lambda: (s := txn_state(conn, txn_id)) in done and s, 30, "the end")
+        assert state == "CompleteAbort"
+        assert pipeline.committed() == {}
+    finally:
+        producer.close(timeout=10)
+        consumer.close(autocommit=False)
+
+
+def test_a_drain_timeout_leaves_no_transaction_open(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """drain() gives up on a batch the engine holds; the batch finishes while the worker
+    closes its clients. Its outputs must not reach a transaction left open until its
+    timeout (every read_committed reader of the output would stall behind it)."""
+    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL, drain_timeout_s=1.0)
+    classifier, engine = classifier_with(GateEngine, settings)
+    ids = pipeline.produce_requests(5)
+    wt = WorkerThread(settings, classifier=classifier).start()
+    worker_threads.append(wt)
+    assert engine.entered.wait(60), "no batch reached the engine"
+    tap = LogTap(wt.worker)
+    sent = threading.Event()
+
+    def release_and_wait_for_the_send() -> None:
+        # Runs on the worker's consumer thread as it logs the timeout. Whether the late
+        # batch sends shows in `answered`; it gets two seconds to.
+        engine.gate.set()
+        pause = threading.Event()
+        for _ in range(100):
+            if wt.worker.metrics.answered:
+                sent.set()
+                return
+            pause.wait(0.02)
+
+    tap.hooks["drain_timeout"] = release_and_wait_for_the_send
+    final = wt.worker.drain()
+    wt.join()
+    assert "drain_timeout" in tap.events
+    assert final["state"] == "stopped"
+    assert txn_state(pipeline.conn, settings.transactional_id) != "Ongoing"
+    # Nothing was lost: the next worker answers them, once.
+    again = WorkerThread(settings).start()
+    worker_threads.append(again)
+    _exactly_once(pipeline.reader(read_committed=True), ids, pipeline)
+    print("the late batch sent before the fix would have:", sent.is_set())
+    again.worker.drain()
+    again.join()
+
+
+def test_a_revoke_timeout_abandons_the_open_work_instead_of_failing(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """A second member joins while the first's engine holds its batches past the revoke
+    timeout: the first aborts its open work, keeps running, and reads its kept partitions
+    again; every id exactly once."""
+    # One batch takes every record (all are there before the worker starts, in one
+    # fetch), so whichever partitions the join revokes, their records are in the engine.
+    first = pipeline.settings(
+        delivery="exactly_once",
+        batching={"max_records": 64, "max_wait_ms": 200},
+        consumer={
+            "revoke_timeout_s": 1.0,
+            "session_timeout_ms": 6000,
+            "heartbeat_interval_ms": 1000,
+        },
+    )
+    classifier, engine = classifier_with(GateEngine, first)
+    ids = pipeline.produce_requests(60)
+    a = WorkerThread(first, classifier=classifier).start()
+    worker_threads.append(a)
+    assert engine.entered.wait(60), "no batch reached the engine"
+    tap = LogTap(a.worker)
+    b = WorkerThread(first.model_copy(update={"replica": 1})).start()
+    worker_threads.append(b)
+    wait_for(lambda: "revoke_timeout" in tap.events, 60, "the revocation to time out")
+    engine.gate.set()
+    wait_for(lambda: b.worker.status()["assignment"], 60, "the second member's partitions")
+    _exactly_once(pipeline.reader(read_committed=True), ids, pipeline)
+    assert a.worker.status()["state"] == "running" and a.error is None
+    assert a.worker.status()["transactions_aborted"] >= 1
+    for w in (a, b):
+        w.worker.drain()
+        w.join()
+
+
+def test_two_deployments_of_one_pipeline_do_not_fence_each_other(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """An upgrade runs the new deployment beside the old in the same group: replica 0 of
+    each must keep running (distinct transactional ids); the group's generations fence
+    between them."""
+    blue, green = (
+        pipeline.settings(delivery="exactly_once", deployment=d) for d in ("blue", "green")
+    )
+    assert blue.transactional_id != green.transactional_id
+    ids = pipeline.produce_requests(400)
+    a = WorkerThread(blue).start()
+    worker_threads.append(a)
+    reader = pipeline.reader(read_committed=True)
+    reader.read_until(lambda r: len(r.records) >= 50, 60, "the first results")
+    b = WorkerThread(green).start()
+    worker_threads.append(b)
+    wait_for(lambda: b.worker.status()["assignment"], 60, "the green replica's partitions")
+    _exactly_once(reader, ids, pipeline)
+    for w in (a, b):
+        assert w.worker.status()["state"] == "running" and w.error is None, w.error
+    for w in (a, b):
+        w.worker.drain()
+        w.join()

@@ -1,0 +1,19 @@
+"""The commit path: offset tracking and the at-least-once and exactly-once committers."""
+
+from workers.commit.committers import (
+    AtLeastOnceCommitter,
+    Committer,
+    ExactlyOnceCommitter,
+    Marks,
+)
+from workers.commit.offsets import OffsetTracker, Ready, commit_offsets
+
+__all__ = [
+    "AtLeastOnceCommitter",
+    "Committer",
+    "ExactlyOnceCommitter",
+    "Marks",
+    "OffsetTracker",
+    "Ready",
+    "commit_offsets",
+]

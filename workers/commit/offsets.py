@@ -1,0 +1,106 @@
+"""Offset tracking: which batches hold each partition's records, and how far each
+partition may be committed.
+
+A partition may be committed up to `last offset + 1` of its *contiguous done prefix*: the
+oldest batches holding its records, each done (outputs acknowledged, or in the open
+transaction). A later batch that finished first waits for the earlier ones, so a crash
+never skips a record. Plain data, no Kafka calls: the consumer thread (and the rebalance
+listener, under the worker's state lock) drive it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from kafka import TopicPartition
+
+from workers.batches import Batch
+
+__all__ = ["OffsetTracker", "Ready"]
+
+# tp -> (offset to commit, number of the partition's oldest batches it covers)
+Ready = dict[TopicPartition, tuple[int, int]]
+
+
+class OffsetTracker:
+    """Batches between submit and commit, per partition, oldest first."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, Batch] = {}  # submitted, not yet retired (holds a slot)
+        self.committed: dict[TopicPartition, int] = {}
+        self._tracks: dict[TopicPartition, deque[Batch]] = {}
+        self._base: dict[TopicPartition, int] = {}  # first offset seen, before any commit
+
+    @property
+    def in_flight(self) -> int:
+        """Submitted batches that still hold a slot."""
+        return len(self.pending)
+
+    def saw(self, tp: TopicPartition, offset: int) -> None:
+        """The first offset polled from `tp`: the lag's base until the first commit."""
+        if tp not in self.committed and tp not in self._base:
+            self._base[tp] = offset
+
+    def lag_base(self, tp: TopicPartition) -> int | None:
+        """Where the partition's unfinished work starts: its committed offset, else the
+        first offset polled from it."""
+        return self.committed.get(tp, self._base.get(tp))
+
+    def track(self, batch: Batch) -> None:
+        """A batch was submitted: it holds a slot until each of its partitions retires it."""
+        batch.open = set(batch.last)
+        for tp in batch.open:
+            self._tracks.setdefault(tp, deque()).append(batch)
+        self.pending[batch.seq] = batch
+
+    def batches(self, tps: Iterable[TopicPartition]) -> list[Batch]:
+        """The tracked batches holding records of `tps` (a batch once per partition)."""
+        return [b for tp in tps for b in self._tracks.get(tp, ())]
+
+    def ready(self) -> Ready:
+        """Every partition whose oldest tracked batches are done: the offset to commit
+        and how many batches it covers."""
+        out: Ready = {}
+        for tp, dq in self._tracks.items():
+            n = 0
+            for b in dq:
+                if not b.done:
+                    break
+                n += 1
+            if n:
+                out[tp] = (dq[n - 1].last[tp] + 1, n)
+        return out
+
+    def retire(self, ready: Ready) -> None:
+        """`ready` was committed: drop the batches it covers, remember the offsets."""
+        for tp, (offset, n) in ready.items():
+            dq = self._tracks[tp]
+            for _ in range(n):
+                self._release(dq.popleft(), tp)
+            if not dq:
+                del self._tracks[tp]
+            self.committed[tp] = offset
+
+    def forget(self, tps: Iterable[TopicPartition], *, keep_committed: bool = False) -> int:
+        """The partitions left this member: drop their batches (they are consumed again
+        by the next owner); returns how many batches were abandoned."""
+        abandoned = 0
+        for tp in tps:
+            for b in self._tracks.pop(tp, ()):
+                abandoned += 1
+                self._release(b, tp)
+            if not keep_committed:
+                self.committed.pop(tp, None)
+            self._base.pop(tp, None)
+        return abandoned
+
+    def _release(self, batch: Batch, tp: TopicPartition) -> None:
+        batch.open.discard(tp)
+        if not batch.open:
+            self.pending.pop(batch.seq, None)
+
+
+def commit_offsets(ready: Ready) -> dict[TopicPartition, int]:
+    """The offsets a `Ready` asks to commit."""
+    return {tp: off for tp, (off, _) in ready.items()}

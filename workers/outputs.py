@@ -1,0 +1,158 @@
+"""Step 8 of the worker: one output per input record, in input order.
+
+A result goes to the output topic, or to the request's `reply_topic` when the pipeline
+allows it and the cluster has it (`workers.topics.TopicGuard`); a result that does not fit
+its topic, or may not go where it asks, becomes a dead letter with the reason's code, and
+its neighbours are answered. When the broker refuses a record anyway (the topic's limit or
+ACLs changed since they were read), the worker forgets what it knew of that topic and reads
+the batch again: this time the check here refuses the record. Nothing here raises: a bug in
+building one output dead-letters that record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from schemas import SCHEMA_VERSION, ClassificationResult, DeadLetter, ErrorCode, RequestError
+from workers.batches import Batch, Entry, Output
+from workers.settings import WorkerSettings
+from workers.topics import Known, TopicGuard, record_size
+
+__all__ = ["OutputBuilder"]
+
+# A reply topic's lookup (one metadata and one config request) gives up after this long;
+# the result is then sent as is, and the producer's own answer decides.
+_LOOKUP_TIMEOUT_S = 5.0
+
+
+class OutputBuilder:
+    """Builds a batch's outputs (engine loop)."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        model: bytes,
+        topics: TopicGuard,
+        log: Any,
+    ) -> None:
+        self._settings = settings
+        self._name = settings.name
+        self._topics = topics
+        self._log = log
+        version = str(SCHEMA_VERSION).encode()
+        self._result_headers: list[tuple[str, bytes | None]] = [
+            ("schema_version", version),
+            ("model", model),
+            ("worker", self._name.encode()),
+        ]
+
+    async def build(
+        self, batch: Batch, outcomes: Sequence[ClassificationResult | RequestError]
+    ) -> list[Output]:
+        it = iter(outcomes)
+        out: list[Output] = []
+        for entry in batch.entries:
+            outcome = next(it) if entry.error is None else entry.error
+            try:
+                out.append(await self._output(entry, outcome))
+            except Exception as exc:  # a bug must not poison the partition: dead-letter it
+                self._log.error("output_failed", error=repr(exc), exc_info=True)
+                error = RequestError(
+                    code=ErrorCode.ENGINE_FAILED,
+                    message=f"the worker could not build this request's output: {exc!r}"[:500],
+                )
+                out.append(self.dead_letter(entry, error))
+        return out
+
+    async def _output(self, entry: Entry, outcome: ClassificationResult | RequestError) -> Output:
+        if isinstance(outcome, RequestError):
+            return self.dead_letter(entry, outcome)
+        assert entry.request is not None
+        topic = entry.request.reply_topic or self._settings.output_topic
+        refusal = await self._where(topic)
+        if refusal is not None:
+            return self.dead_letter(entry, refusal)
+        key, value = outcome.id.encode(), outcome.model_dump_json().encode()
+        too_large = self._topics.too_large(topic, record_size(key, value, self._result_headers))
+        if too_large is not None:
+            return self.dead_letter(entry, too_large)
+        return Output(topic, key, value, self._result_headers, entry, None)
+
+    async def _where(self, topic: str) -> RequestError | None:
+        """Why a result may not go to `topic` (None: it may); learns the topic's limit."""
+        refusal = self._topics.by_name(topic)
+        if refusal is not None:
+            return refusal
+        known = self._topics.cached(topic) or await self._lookup(topic)
+        return None if known is None else known.refusal
+
+    async def _lookup(self, topic: str) -> Known | None:
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(None, self._topics.lookup, topic), _LOOKUP_TIMEOUT_S
+            )
+        except TimeoutError:
+            return None
+
+    def dead_letter(self, entry: Entry, error: RequestError) -> Output:
+        """The refused record's dead letter: the JSON document when it fits the
+        dead-letter topic, else the original itself with the error in headers (Kafka
+        Connect's convention), else, last, the JSON document with a prefix of the
+        original (`truncated`)."""
+        s = self._settings
+        letter = self._letter(entry, error, None)
+        key = letter.request_id.encode() if letter.request_id else None
+        value = letter.model_dump_json().encode()
+        headers: list[tuple[str, bytes | None]] = [
+            ("schema_version", str(SCHEMA_VERSION).encode()),
+            ("worker", self._name.encode()),
+            ("error_code", error.code.value.encode()),
+        ]
+        limit = self._topics.max_bytes(s.dead_letter_topic)
+        form = "json"
+        if record_size(key, value, headers) > limit:
+            raw_headers: list[tuple[str, bytes | None]] = [*letter.raw_headers(s.pipeline)]
+            if record_size(entry.key, entry.value, raw_headers) <= limit:
+                form, key, headers = "raw", entry.key, raw_headers
+                value = entry.value if entry.value is not None else b""
+            else:
+                form = "truncated"
+                letter = self._letter(entry, error, self._room(letter, key, headers, limit))
+                value = letter.model_dump_json().encode()
+        self._log.info(
+            "dead_letter",
+            request_id=letter.request_id,
+            code=error.code.value,
+            message=error.message[:300],
+            topic=entry.tp.topic,
+            partition=entry.tp.partition,
+            offset=entry.offset,
+            format=form,
+        )
+        return Output(s.dead_letter_topic, key, value, headers, entry, error.code.value)
+
+    def _letter(self, entry: Entry, error: RequestError, keep: int | None) -> DeadLetter:
+        return DeadLetter.build(
+            error,
+            entry.value,
+            entry.tp.topic,
+            entry.tp.partition,
+            entry.offset,
+            entry.key,
+            entry.timestamp_ms if entry.timestamp_ms >= 0 else None,
+            self._name,
+            headers=entry.headers,
+            max_original_bytes=keep,
+        )
+
+    @staticmethod
+    def _room(
+        letter: DeadLetter, key: bytes | None, headers: list[tuple[str, bytes | None]], limit: int
+    ) -> int:
+        """How many bytes of the original a JSON dead letter of `limit` bytes holds."""
+        empty = letter.model_copy(update={"original": ""}).model_dump_json().encode()
+        spare = limit - record_size(key, empty, headers)
+        return max(0, spare) * 3 // 4  # base64: 4 characters for 3 bytes

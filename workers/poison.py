@@ -1,0 +1,157 @@
+"""Poison records: one that keeps killing the worker (an engine crash on it, the process
+killed while it runs) is isolated after a bounded number of restarts and dead-lettered
+POISON, instead of a crash loop with unbounded duplicates.
+
+Where the count lives: in the metadata of the partition's committed offset (Kafka keeps a
+string of up to offset.metadata.max.bytes, 4 KiB by default, beside each committed
+offset). Chosen over a topic of its own because it is per partition and per group
+already, it travels with the offset it describes (under exactly-once, in the same
+transaction), needs no extra topic, ACL or reader, survives any restart, and every
+ordinary commit clears it (it writes ""). The cost: one more commit per partition when it
+is assigned, and one per record while a partition is suspect.
+
+The protocol, per partition, with `Attempts(started, alone)` stored at committed offset C:
+
+1. When this incarnation first gets records of the partition, it reads the metadata at C
+   and writes `started + 1` before any of them goes to the engine. A clean finish (a
+   commit past C) clears it; a crash leaves it raised for the next owner.
+2. `started >= suspect_after`, or any `alone`: the partition is *suspect*: its next
+   `window` records (as many as one incarnation can have in flight) run one at a time,
+   each alone in the worker (nothing else in flight) and committed on its own; before
+   each, the worker writes `alone + 1` at its offset (once per incarnation). A crash now
+   names its record.
+3. `alone >= poison_after` at C: the record at C is dead-lettered POISON without running.
+
+A clean drain or revocation that made no progress on a partition writes back what it
+read, so that leaving is not counted as a crash.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kafka import TopicPartition
+
+from workers.settings import PoisonTuning
+
+__all__ = ["Attempts", "Mark", "PoisonGuard", "parse_attempts"]
+
+_PREFIX = "dgstream:v1"
+_RE = re.compile(r"^dgstream:v1;started=(\d{1,6});alone=(\d{1,6})$")
+
+# (offset, metadata) to commit for a partition
+Mark = tuple[int, str]
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """How often the work at one committed offset was started by incarnations that died
+    before committing past it, and how often its first record was running alone then."""
+
+    started: int = 0
+    alone: int = 0
+
+    def text(self) -> str:
+        if not self.started and not self.alone:
+            return ""
+        return f"{_PREFIX};started={self.started};alone={self.alone}"
+
+
+def parse_attempts(text: str | None) -> Attempts:
+    """The attempts a committed offset's metadata records; none for anything else
+    (another tool's metadata, or none)."""
+    m = _RE.match(text or "")
+    return Attempts(int(m.group(1)), int(m.group(2))) if m else Attempts()
+
+
+@dataclass
+class _Partition:
+    start: int  # the offset the count applies to (the committed offset when first seen)
+    read: Attempts  # the count found there
+    careful_left: int  # records still to run one at a time
+    progressed: bool = False  # a commit went past the first `start`
+    dirty: bool = True  # this incarnation raised the count at `start` (not cleared yet)
+
+
+class PoisonGuard:
+    """The per-partition state of the protocol above, for one incarnation (plain data;
+    the worker makes the commits it asks for)."""
+
+    def __init__(self, tuning: PoisonTuning, window: int) -> None:
+        self._tuning = tuning
+        self._window = window
+        self._parts: dict[TopicPartition, _Partition] = {}
+        # What this incarnation counted, kept when a partition leaves and comes back
+        # (a rebalance is no second start): tp -> offset of `started`; (tp, offset) alone.
+        self._started: dict[TopicPartition, int] = {}
+        self._alone: set[tuple[TopicPartition, int]] = set()
+
+    def known(self, tp: TopicPartition) -> bool:
+        return tp in self._parts
+
+    def first_seen(
+        self, tp: TopicPartition, first: int, committed: int | None, metadata: str | None
+    ) -> Mark:
+        """The partition's first records this incarnation start at `first`; returns the
+        mark to commit before they run (started + 1)."""
+        read = parse_attempts(metadata) if committed == first else Attempts()
+        again = self._started.get(tp) == first  # counted already, before it left
+        if again:
+            read = Attempts(max(read.started - 1, 0), read.alone)
+        t = self._tuning
+        suspect = read.started >= t.suspect_after or read.alone > 0
+        self._parts[tp] = _Partition(first, read, self._window if suspect else 0)
+        self._started[tp] = first
+        return first, Attempts(read.started + 1, read.alone).text()
+
+    def careful(self) -> bool:
+        """Some partition is suspect: every record runs alone."""
+        return any(p.careful_left > 0 for p in self._parts.values())
+
+    def suspect(self, tp: TopicPartition) -> bool:
+        p = self._parts.get(tp)
+        return p is not None and p.careful_left > 0
+
+    def poison(self, tp: TopicPartition, offset: int) -> Attempts | None:
+        """The count when the record at `offset` is to be dead-lettered POISON."""
+        p = self._parts.get(tp)
+        if p is None or offset != p.start:
+            return None
+        return p.read if p.read.alone >= self._tuning.poison_after else None
+
+    def before_alone(self, tp: TopicPartition, offset: int) -> Mark | None:
+        """A suspect partition's record is about to run alone: the mark that counts it
+        (None when this incarnation counted it already, e.g. after an outage's retry)."""
+        p = self._parts.get(tp)
+        if p is None or p.careful_left <= 0 or (tp, offset) in self._alone:
+            return None
+        self._alone.add((tp, offset))
+        base = p.read if offset == p.start else Attempts()
+        p.dirty = p.dirty or offset == p.start
+        return offset, Attempts(base.started + 1, base.alone + 1).text()
+
+    def committed(self, tp: TopicPartition, offset: int) -> None:
+        """A commit of `offset` (cleared metadata) went through."""
+        p = self._parts.get(tp)
+        if p is None or offset <= p.start:
+            return
+        if p.careful_left > 0:
+            p.careful_left = max(0, p.careful_left - (offset - p.start))
+        p.start, p.read, p.progressed, p.dirty = offset, Attempts(), True, False
+
+    def write_back(self, tps: set[TopicPartition]) -> dict[TopicPartition, Mark]:
+        """Leaving cleanly (or on an outage): for each partition whose count this
+        incarnation raised and no commit cleared, the mark that restores what was read
+        there, so that leaving is not counted as a crash."""
+        out: dict[TopicPartition, Mark] = {}
+        for tp in tps:
+            p = self._parts.get(tp)
+            if p is not None and p.dirty:
+                out[tp] = (p.start, p.read.text())
+                p.dirty = False
+        return out
+
+    def forget(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            self._parts.pop(tp, None)
