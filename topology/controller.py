@@ -167,6 +167,8 @@ class PipelineRunner:
             delivery=s.delivery,
             static_membership=s.static_membership,
             reply_topics=s.reply_topics,
+            output_format=s.output_format,
+            routes=s.routes,
             replica=replica,
             resources=ActorResources(
                 gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom

@@ -31,6 +31,8 @@ class Entry:
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
     request: ClassificationRequest | None = None
     error: RequestError | None = None
+    # The id a body without one is given (`schemas.record_id`: the key, else the place).
+    fallback_id: str | None = None
 
 
 @dataclass(eq=False)
@@ -74,3 +76,4 @@ class Output:
     headers: list[tuple[str, bytes | None]]
     entry: Entry
     dead_code: str | None  # None for a result
+    route: str | None = None  # the route that chose a result's topic (its counter)

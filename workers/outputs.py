@@ -17,6 +17,8 @@ from typing import Any
 
 from schemas import SCHEMA_VERSION, ClassificationResult, DeadLetter, ErrorCode, RequestError
 from workers.batches import Batch, Entry, Output
+from workers.records import output_headers, output_key, result_record
+from workers.routes import Router
 from workers.settings import WorkerSettings
 from workers.topics import Known, TopicGuard, record_size
 
@@ -41,12 +43,13 @@ class OutputBuilder:
         self._name = settings.name
         self._topics = topics
         self._log = log
-        version = str(SCHEMA_VERSION).encode()
-        self._result_headers: list[tuple[str, bytes | None]] = [
-            ("schema_version", version),
+        self._version = str(SCHEMA_VERSION).encode()
+        self._result_headers: list[tuple[str, bytes]] = [
+            ("schema_version", self._version),
             ("model", model),
             ("worker", self._name.encode()),
         ]
+        self._router = Router(settings.routes, settings.output_topic)
 
     async def build(
         self, batch: Batch, outcomes: Sequence[ClassificationResult | RequestError]
@@ -70,15 +73,25 @@ class OutputBuilder:
         if isinstance(outcome, RequestError):
             return self.dead_letter(entry, outcome)
         assert entry.request is not None
-        topic = entry.request.reply_topic or self._settings.output_topic
-        refusal = await self._where(topic)
+        # The topic (reply topic, else the first route that holds, else the output topic),
+        # the input's key and headers, the value in the pipeline's format.
+        rec = result_record(
+            outcome,
+            router=self._router,
+            output_format=self._settings.output_format,
+            reply_topic=entry.request.reply_topic,
+            input_key=entry.key,
+            input_headers=entry.headers,
+            ours=self._result_headers,
+        )
+        refusal = await self._where(rec.topic)
         if refusal is not None:
             return self.dead_letter(entry, refusal)
-        key, value = outcome.id.encode(), outcome.model_dump_json().encode()
-        too_large = self._topics.too_large(topic, record_size(key, value, self._result_headers))
+        headers: list[tuple[str, bytes | None]] = list(rec.headers)
+        too_large = self._topics.too_large(rec.topic, record_size(rec.key, rec.value, headers))
         if too_large is not None:
             return self.dead_letter(entry, too_large)
-        return Output(topic, key, value, self._result_headers, entry, None)
+        return Output(rec.topic, rec.key, rec.value, headers, entry, None, rec.route)
 
     async def _where(self, topic: str) -> RequestError | None:
         """Why a result may not go to `topic` (None: it may); learns the topic's limit."""
@@ -104,13 +117,15 @@ class OutputBuilder:
         original (`truncated`)."""
         s = self._settings
         letter = self._letter(entry, error, None)
-        key = letter.request_id.encode() if letter.request_id else None
+        # Keyed and headed as the input was (ordering per key; traces follow the record).
+        key = output_key(entry.key, letter.request_id)
         value = letter.model_dump_json().encode()
-        headers: list[tuple[str, bytes | None]] = [
-            ("schema_version", str(SCHEMA_VERSION).encode()),
+        ours = [
+            ("schema_version", self._version),
             ("worker", self._name.encode()),
             ("error_code", error.code.value.encode()),
         ]
+        headers: list[tuple[str, bytes | None]] = [*output_headers(entry.headers, ours)]
         limit = self._topics.max_bytes(s.dead_letter_topic)
         form = "json"
         if record_size(key, value, headers) > limit:
@@ -146,6 +161,7 @@ class OutputBuilder:
             self._name,
             headers=entry.headers,
             max_original_bytes=keep,
+            fallback_id=entry.fallback_id,
         )
 
     @staticmethod

@@ -13,9 +13,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas import DEFAULT_LIMITS, ParseLimits, Question, RequestRejected, question_order
+from schemas import (
+    DEFAULT_LIMITS,
+    OutputFormat,
+    ParseLimits,
+    Question,
+    RequestRejected,
+    question_order,
+)
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.routes import Route, check_routes
 
 __all__ = [
     "ActorResources",
@@ -214,6 +222,12 @@ class WorkerSettings(_Frozen):
     # "dgstream.replies.<id>"). The output topic is always allowed; internal topics
     # ("__..."), the input topics and the dead-letter topic never are.
     reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
+    # How results are written: "dgstream" (the result record) or "jev" (Jev's response
+    # shape); dead letters are the same in both.
+    output_format: OutputFormat = "dgstream"
+    # In order: the first route whose condition holds sends a result to its topic; results
+    # no route takes go to output_topic (a request's reply_topic wins over both).
+    routes: list[Route] = Field(default_factory=list)
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)
@@ -262,6 +276,11 @@ class WorkerSettings(_Frozen):
             raise ValueError("output and dead-letter topics must differ from the input topics")
         if len(set(self.input_topics)) != len(self.input_topics):
             raise ValueError("input_topics lists a topic twice")
+        check_routes(
+            self.routes,
+            list(self.question_sets.values()) or None,
+            forbidden_topics=[*self.input_topics, self.dead_letter_topic],
+        )
         return self
 
     # ---------------------------------------------------------------- derived names

@@ -1,6 +1,7 @@
 """Where an output may go, and how large it may be.
 
-A result goes to the output topic or to the request's `reply_topic`. A reply topic must be
+A result goes to the output topic, a route's topic (the pipeline's own outputs, like the
+output topic) or the request's `reply_topic`. A reply topic must be
 allowed by the pipeline (`WorkerSettings.reply_topics`, shell-style patterns; never an
 internal topic, an input topic or the dead-letter topic), exist (the worker creates
 none) and be writable; each refusal has its own code. Every record must fit its topic:
@@ -71,13 +72,15 @@ class TopicGuard:
         self._producer_max = settings.producer.max_request_size
         self._known: dict[str, Known] = {}
         self._never = set(settings.input_topics) | {settings.dead_letter_topic}
+        # The pipeline's own outputs: the output topic and every route's topic.
+        self._outputs = {settings.output_topic, *(r.topic for r in settings.routes)}
 
     # ---------------------------------------------------------------- names
 
     def by_name(self, topic: str) -> RequestError | None:
         """The allow-list's answer, without asking the cluster."""
         s = self._settings
-        if topic == s.output_topic:
+        if topic in self._outputs:
             return None
         if topic.startswith("__") or topic in self._never:
             why = "an internal topic" if topic.startswith("__") else "one of the pipeline's own"
@@ -108,7 +111,7 @@ class TopicGuard:
             meta, max_bytes = self._describe(topic)
         except Exception:
             return None
-        own = topic in (self._settings.output_topic, self._settings.dead_letter_topic)
+        own = topic in self._outputs or topic == self._settings.dead_letter_topic
         refusal = None if own else self._judge(topic, meta)
         limit = min(max_bytes or self._producer_max, self._producer_max)
         known = Known(refusal, limit, self._clock())

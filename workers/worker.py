@@ -42,10 +42,11 @@ On the engine loop, per batch:
     one fails the worker (Ray restarts the actor; uncommitted work is consumed again).
     An engine that is down (unreachable, or failing a known-good probe too) is an
     outage: see below.
- 8. Build the outputs (`workers.outputs`): results keyed by request id with headers
-    (schema_version, model, worker) to the output topic or the request's `reply_topic`
-    when the pipeline allows it and it exists (`workers.topics`); dead letters keyed by
-    the request id when it could be read. A result that does not fit its topic, or may
+ 8. Build the outputs (`workers.outputs`): results in the pipeline's format, keyed by
+    the input record's key (else the request id), with its headers and ours
+    (schema_version, model, worker, output_format, route), to the request's `reply_topic`
+    when the pipeline allows it and it exists (`workers.topics`), else the first route
+    that holds, else the output topic; dead letters keyed and headed the same way. A result that does not fit its topic, or may
     not go where it asks, is dead-lettered with its own code.
  9. Produce them after the previous batch's outputs (per-partition order is kept) and
     report the batch done when every output is acknowledged (`acks=all`, idempotent
@@ -99,6 +100,7 @@ from schemas import (
     ErrorCode,
     RequestError,
     parse_request,
+    record_id,
 )
 from workers.batches import Batch, Entry, Output, tp_name
 from workers.classify import BatchClassifier
@@ -699,7 +701,10 @@ class StreamWorker:
                 "not tried again",
             )
             return entry
-        parsed = parse_request(rec.value, self.settings.parse_limits)
+        # A body without an id (Jev's) is named after its record: its key, else its place.
+        fallback = record_id(rec.key, tp.topic, tp.partition, rec.offset)
+        entry.fallback_id = fallback.value
+        parsed = parse_request(rec.value, self.settings.parse_limits, fallback_id=fallback)
         if isinstance(parsed, RequestError):
             entry.error = parsed
         elif parsed.question_set is not None and parsed.question_set not in (
@@ -1096,7 +1101,8 @@ class StreamWorker:
         if self._debug:
             for o in outputs:
                 if o.dead_code is None and o.key is not None:
-                    self.log.debug("answered", request_id=o.key.decode(), topic=o.topic)
+                    rid = o.key.decode("utf-8", "backslashreplace")  # the input's key: any bytes
+                    self.log.debug("answered", key=rid, topic=o.topic)
         if self._txn is not None:
             self._produce_in_transaction(batch, outputs)
             return
@@ -1138,6 +1144,7 @@ class StreamWorker:
         e2e = [(now_ms - o.entry.timestamp_ms) / 1000 for o in outputs if o.entry.timestamp_ms > 0]
         dead = [o.dead_code for o in outputs if o.dead_code is not None]
         self.metrics.record_outputs(len(outputs) - len(dead), dead, e2e)
+        self.metrics.record_routes([o.route for o in outputs if o.route])
 
     def _output_failed(self, batch: Batch, output: Output, exc: BaseException) -> None:
         """The broker refused an output (producer I/O thread). What was known of its topic

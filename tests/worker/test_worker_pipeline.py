@@ -47,7 +47,8 @@ def _json(obj: Any) -> bytes:
 BAD_MESSAGES: list[tuple[str, bytes | None, ErrorCode]] = [
     ("invalid json", b"{not json", ErrorCode.INVALID_JSON),
     ("non-UTF-8", b"\xff\xfe\xfa", ErrorCode.INVALID_UTF8),
-    ("missing id", _json({"state": "s", "questions": _Q}), ErrorCode.MISSING_FIELD),
+    # (A body without an id is a Jev body: it is answered, named after its record.)
+    ("missing state", _json({"id": "b-state-missing", "questions": _Q}), ErrorCode.MISSING_FIELD),
     (
         "unknown question kind",
         _json({"id": "b-kind", "state": "s", "questions": {"q": {"type": "banana"}}}),
@@ -171,7 +172,7 @@ def test_worker_bad_messages_dead_lettered_good_ones_answered_then_drain(
     results = pipeline.reader()
     dead = pipeline.reader(pipeline.dead)
     replies = pipeline.reader(reply)
-    results.read_until(lambda r: set(r.keys()) >= set(good), 60, "every good request's result")
+    results.read_until(lambda r: set(r.ids()) >= set(good), 60, "every good request's result")
     dead.read_until(lambda r: len(r.records) >= len(BAD_MESSAGES), 60, "the dead letters")
     replies.read_until(lambda r: len(r.records) >= 1, 60, "the reply-topic result")
 
@@ -189,17 +190,26 @@ def test_worker_bad_messages_dead_lettered_good_ones_answered_then_drain(
         assert letter.source.key_bytes() == keys[i]
         assert letter.worker == settings.name
     print("\ndead letters (kind, expected, got):", *table, sep="\n  ")
-    # The id of a refused message that has one is the dead letter's key.
-    by_id = {
-        rec.key.decode(): DeadLetter.model_validate_json(rec.value)
-        for rec in dead.records
-        if rec.key
-    }
-    assert by_id["b-cycle"].error.code == ErrorCode.DEPENDENCY_CYCLE
+    # A dead letter is keyed as its record was, else by the request's id when it has one.
+    by_key = {rec.key: DeadLetter.model_validate_json(rec.value) for rec in dead.records}
+    for key, letter in by_key.items():
+        assert key == (letter.source.key_bytes() or (letter.request_id or "").encode() or None)
+    assert {d.request_id: d for d in by_key.values()}["b-cycle"].error.code == (
+        ErrorCode.DEPENDENCY_CYCLE
+    )
 
-    # Every good one is answered, once, with an answer per question; the reply goes to its topic.
-    assert sorted(results.keys()) == sorted(good)
-    check_results(results.records)
+    # Every good one is answered, once, with an answer per question; the reply goes to its
+    # topic. A result is keyed by its record's key (ordering per key), else by its id.
+    assert sorted(results.ids()) == sorted(good)
+    want_keys = {
+        json.loads(v)["id"]: k
+        for v, k, kind in zip(values, keys, kinds, strict=True)
+        if v and kind is None
+    }
+    for rec in results.records:
+        rid = json.loads(rec.value)["id"]
+        assert rec.key == (want_keys.get(rid) or rid.encode()), rid
+    check_results(results.records, keyed_by_id=False)
     assert [r.key for r in replies.records] == [b"g-reply"]
     assert set(json.loads(replies.records[0].value)["answers"]) == set(INLINE)
 

@@ -99,6 +99,16 @@ class OutputReader:
     def keys(self) -> list[str]:
         return [r.key.decode() for r in self.records if r.key is not None]
 
+    def ids(self) -> list[str]:
+        """The request id each record's value names (results and dead letters alike)."""
+        out = []
+        for r in self.records:
+            body = json.loads(r.value) if r.value else {}
+            rid = body.get("id", body.get("request_id"))
+            if rid is not None:
+                out.append(str(rid))
+        return out
+
     def read_until(self, done: Callable[[OutputReader], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not done(self):
@@ -228,8 +238,13 @@ def count_duplicates(keys: list[str]) -> int:
     return sum(n - 1 for n in Counter(keys).values() if n > 1)
 
 
-def check_results(records: list[Any], model: str = "fake") -> dict[str, dict[str, Any]]:
-    """Every result: headers, an answer for every question of its request; id -> result."""
+def check_results(
+    records: list[Any], model: str = "fake", *, keyed_by_id: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Every result: headers, an answer for every question of its request; id -> result.
+
+    `keyed_by_id`: the requests were produced keyed by their ids (results take their
+    record's key), so every result's key is its id."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         body = json.loads(rec.value)
@@ -237,7 +252,8 @@ def check_results(records: list[Any], model: str = "fake") -> dict[str, dict[str
         assert headers["schema_version"] == b"1"
         assert headers["model"] == model.encode()
         assert headers["worker"]
-        assert rec.key.decode() == body["id"]
+        if keyed_by_id:
+            assert rec.key.decode() == body["id"]
         i = body["metadata"]["n"]
         assert set(body["answers"]) == expected_questions(i), body
         assert body["status"] == "ok"
