@@ -46,8 +46,9 @@ On the engine loop, per batch:
     the input record's key (else the request id), with its headers and ours
     (schema_version, model, worker, output_format, route), to the request's `reply_topic`
     when the pipeline allows it and it exists (`workers.topics`), else the first route
-    that holds, else the output topic; dead letters keyed and headed the same way. A result that does not fit its topic, or may
-    not go where it asks, is dead-lettered with its own code.
+    that holds, else the output topic; dead letters keyed and headed the same way. A
+    result that does not fit its topic, or may not go where it asks, is dead-lettered
+    with its own code.
  9. Produce them after the previous batch's outputs (per-partition order is kept) and
     report the batch done when every output is acknowledged (`acks=all`, idempotent
     producer). Exactly-once: the outputs go into the open transaction, which step 1
