@@ -232,12 +232,12 @@ def test_infra_k8s_core_objects_against_the_kubernetes_api_schemas() -> None:
 
 
 def test_infra_topology_configmap_is_the_rendered_moderation_example() -> None:
-    from infra.k8s.render_topology_configmap import render
+    from topology.k8s_configmap import render
 
     text = (K8S / "topology-configmap.yaml").read_text()
     assert text == render(MODERATION), (
         "infra/k8s/topology-configmap.yaml is stale: run "
-        "`.venv/bin/python -m infra.k8s.render_topology_configmap"
+        "`.venv/bin/python -m topology.k8s_configmap"
         " > infra/k8s/topology-configmap.yaml`"
     )
     assert topology_configmap()["data"]["topology.yaml"] == MODERATION.read_text()
