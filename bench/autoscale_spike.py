@@ -92,8 +92,11 @@ def topology(
     scale_in_s: float = SCALE_IN_S,
     cpus: float = CPUS_PER_WORKER,
     gpus: float = 1.0,
+    engine: dict[str, Any] | None = None,
+    max_records: int = MAX_RECORDS,
 ) -> dict[str, Any]:
-    """A one-pipeline topology; its topics and group are named after `name`."""
+    """A one-pipeline topology; its topics and group are named after `name`. `engine`:
+    the fake engine at `cost_per_read_s` unless given (the GPU run's vLLM settings)."""
     return {
         "kafka": {"bootstrap_servers": bootstrap},
         "ray": {"namespace": namespace, "deployment": deployment or name},
@@ -105,8 +108,8 @@ def topology(
                 "dead_letter_topic": f"{name}-dlq",
                 "consumer_group": f"{name}-group",
                 "topics": {"partitions": partitions, "replication_factor": 1},
-                "engine": {"backend": "fake", "fake_cost_per_read_s": cost_per_read_s},
-                "batching": {"max_records": MAX_RECORDS, "max_wait_ms": 50, "max_in_flight": 1},
+                "engine": engine or {"backend": "fake", "fake_cost_per_read_s": cost_per_read_s},
+                "batching": {"max_records": max_records, "max_wait_ms": 50, "max_in_flight": 1},
                 "resources": {"gpus": gpus, "cpus": cpus},
                 "replicas": {"min": min_replicas, "max": max_replicas},
                 "autoscale": {
@@ -334,13 +337,22 @@ class SpikeResult:
 
 
 def run_spike(
-    conn: KafkaConnection, *, requests: int = SPIKE_REQUESTS, gpus: int = GPUS
+    conn: KafkaConnection,
+    *,
+    requests: int = SPIKE_REQUESTS,
+    gpus: int = GPUS,
+    on_cap: Any = None,
+    **topology_kw: Any,
 ) -> SpikeResult:
-    """The spike on a connected Ray cluster with `gpus` GPUs and the broker of `conn`."""
+    """The spike on a connected Ray cluster with `gpus` GPUs and the broker of `conn`.
+
+    `topology_kw` goes to `topology` (the GPU run's engine, batch size, target lag);
+    `on_cap(controller, name)` runs once the pool is at its cap (the GPU run reads each
+    replica's GPU there)."""
     name = unique("spike")
-    topo = topology(list(conn.bootstrap_servers), name)
+    topo = topology(list(conn.bootstrap_servers), name, **topology_kw)
     io = pipeline_io(conn, topo)
-    cap = min(GPUS, PARTITIONS, gpus)
+    cap = min(topology_kw.get("max_replicas", GPUS), PARTITIONS, gpus)
     reader: OutputReader | None = None
     with running_controller(topo) as ctl:
         # The minimum pool, idle (the controller created the topics).
@@ -356,7 +368,15 @@ def run_spike(
         produce_s = time.time() - spike_at
         reader = io.reader()
         want = set(ids)
-        reader.read_until(lambda r: set(r.keys()) >= want, 600, f"all {requests} results")
+        if on_cap is not None:
+            wait_for(
+                lambda: pipeline_status(ctl, name)["ready"] >= cap,
+                600,
+                f"{cap} replicas serving",
+                every_s=1.0,
+            )
+            on_cap(ctl, name)
+        reader.read_until(lambda r: set(r.keys()) >= want, 900, f"all {requests} results")
         # Back to the minimum: the scale-in window after the drain, then the drains.
         wait_for(
             lambda: (
@@ -416,7 +436,7 @@ def run_spike(
         # Each replica joining or leaving rebalances the group; a batch in flight on a
         # revoked partition may be answered again by its next owner: at most one batch
         # per worker per change (max_in_flight 1 x MAX_RECORDS), plus restarts.
-        bound=(changes + int(st["restarts"])) * cap * MAX_RECORDS,
+        bound=(changes + int(st["restarts"])) * cap * topology_kw.get("max_records", MAX_RECORDS),
     )
 
 

@@ -113,6 +113,10 @@ class _WorkerActorImpl:
             "actor_id": self._actor_id,
             "restarted": self._restarted,
             "pid": os.getpid(),
+            # The GPUs Ray gave this actor (one per replica with vLLM): operators and the
+            # several-GPU benchmark see which card each replica's engine runs on.
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
 
