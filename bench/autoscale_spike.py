@@ -257,6 +257,7 @@ def running_controller(topo: dict[str, Any], *, drain: bool = True) -> Iterator[
     import ray
 
     from topology.controller import start_controller, stop_controller
+    from workers.actor import replica_prefix
 
     ns, deployment = topo["ray"]["namespace"], topo["ray"]["deployment"]
     ctl = start_controller(topo, deployment, ns)
@@ -265,7 +266,7 @@ def running_controller(topo: dict[str, Any], *, drain: bool = True) -> Iterator[
         yield ctl
     finally:
         stop_controller(ctl, drain=drain, timeout_s=150)
-        kill_workers(ns, f"dgstream-{topo['pipelines'][0]['name']}-")
+        kill_workers(ns, replica_prefix(deployment, topo["pipelines"][0]["name"]))
 
 
 def pipeline_status(ctl: Any, name: str) -> dict[str, Any]:
