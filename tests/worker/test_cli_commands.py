@@ -91,21 +91,15 @@ def test_ask_answers_locally() -> None:
 
 
 @pytest.mark.slow
-def test_bench_runs_and_reports_ratios(pipeline: Pipeline) -> None:
+def test_bench_runs_and_reports_ratios_and_writes_only_when_told(pipeline: Pipeline) -> None:
     boot = ",".join(pipeline.conn.bootstrap_servers)
-    out = run_cli(
-        "bench",
-        "--bootstrap",
-        boot,
-        "--messages",
-        "600",
-        "--repeat",
-        "1",
-        "--no-write",
-        timeout=600,
-    )
+    doc = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+    before = doc.read_bytes()
+    out = run_cli("bench", "--bootstrap", boot, "--messages", "600", "--repeat", "1", timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "stream worker" in out.stdout and "plain" in out.stdout
+    assert "left as it was (--write updates" in out.stdout
+    assert doc.read_bytes() == before
 
 
 def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline) -> None:
