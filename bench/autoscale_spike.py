@@ -540,7 +540,7 @@ def main() -> int:
         with ray_cluster([{"num_cpus": 2, "num_gpus": GPUS}]):
             result = run_spike(conn)
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)
         shutil.rmtree(home, ignore_errors=True)
     print(json.dumps(result.figures(), indent=2))
     png = ROOT / "docs" / "autoscale_timeline.png"
