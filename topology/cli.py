@@ -148,7 +148,12 @@ def _watch(ctl: Any, interval: float, deployment: str, namespace: str) -> bool:
             print(json.dumps({"controller": f"not answering: {type(exc).__name__}"}), flush=True)
         else:
             line = {
-                n: {"replicas": p["replicas"], "lag": p["lag"], "req/s": p["throughput_per_s"]}
+                n: {
+                    "replicas": p["replicas"],
+                    "ready": p["ready"],
+                    "lag": p["lag"],
+                    "req/s": p["throughput_per_s"],
+                }
                 for n, p in st["pipelines"].items()
             }
             print(json.dumps(line), flush=True)
