@@ -51,9 +51,10 @@ test-fast: setup lint
 demo: setup
 	$(BIN)/dgstream demo --events $(EVENTS)
 
+# Rewrites the worker-overhead section of docs/benchmarks.md with this machine's figures.
 bench: setup
-	$(BIN)/dgstream bench
+	$(BIN)/dgstream bench --write
 
 clean:
-	-$(BIN)/dgstream broker stop
+	-$(BIN)/dgstream broker stop --delete-data
 	rm -rf .cache .mypy_cache .ruff_cache .pytest_cache

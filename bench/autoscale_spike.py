@@ -260,6 +260,7 @@ def running_controller(topo: dict[str, Any], *, drain: bool = True) -> Iterator[
     import ray
 
     from topology.controller import start_controller, stop_controller
+    from workers.actor import replica_prefix
 
     ns, deployment = topo["ray"]["namespace"], topo["ray"]["deployment"]
     ctl = start_controller(topo, deployment, ns)
@@ -268,7 +269,7 @@ def running_controller(topo: dict[str, Any], *, drain: bool = True) -> Iterator[
         yield ctl
     finally:
         stop_controller(ctl, drain=drain, timeout_s=150)
-        kill_workers(ns, f"dgstream-{topo['pipelines'][0]['name']}-")
+        kill_workers(ns, replica_prefix(deployment, topo["pipelines"][0]["name"]))
 
 
 def pipeline_status(ctl: Any, name: str) -> dict[str, Any]:
@@ -559,7 +560,7 @@ def main() -> int:
         with ray_cluster([{"num_cpus": 2, "num_gpus": GPUS}]):
             result = run_spike(conn)
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)
         shutil.rmtree(home, ignore_errors=True)
     print(json.dumps(result.figures(), indent=2))
     png = ROOT / "docs" / "autoscale_timeline.png"

@@ -143,7 +143,7 @@ def through_kafka(args: argparse.Namespace, examples: list[Any]) -> dict[str, An
                     stop_controller(ctl)
             if ray.is_initialized():
                 ray.shutdown()
-            broker.stop(home=home)
+            broker.stop(home=home, delete_data=True)
             shutil.rmtree(home, ignore_errors=True)
 
 

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         if home is not None:
             from infra.kafka import broker
 
-            broker.stop(home)
+            broker.stop(home, delete_data=True)
             shutil.rmtree(home, ignore_errors=True)
 
     best = {k: max(v) for k, v in rates.items()}

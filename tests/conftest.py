@@ -81,7 +81,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInf
     try:
         yield info
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
         try:
             yield SecureBroker(info, info.extra["ca_file"])
         finally:
-            broker.stop(home)
+            broker.stop(home, delete_data=True)
     finally:
         os.environ.pop(PASSWORD_ENV, None)
         os.environ.pop(WRONG_PASSWORD_ENV, None)

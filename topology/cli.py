@@ -111,7 +111,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"controller {topo.ray.deployment} running in namespace {topo.ray.namespace}")
         if args.detach:
             return 0
-        _watch(ctl, args.interval)
+        if not _watch(ctl, args.interval, topo.ray.deployment, topo.ray.namespace):
+            print("the controller was stopped from elsewhere (dgstream stop)", file=sys.stderr)
     except KeyboardInterrupt:
         # One stop is enough: a second SIGTERM must not cut the drain short (Ctrl-C
         # twice still does, for a person who means it).
@@ -123,20 +124,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch(ctl: Any, interval: float) -> None:
-    """A status line every `interval` seconds, until interrupted."""
+def _watch(ctl: Any, interval: float, deployment: str, namespace: str) -> bool:
+    """A status line every `interval` seconds, until interrupted (True) or until the
+    controller is removed from elsewhere (`dgstream stop`: False). A controller that does
+    not answer (Ray is restarting it after a crash: it comes back and adopts its replicas)
+    is a line saying so, not the end of the command."""
     import json
     import time
 
     import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    from topology.controller import get_controller
 
     while True:
-        st = ray.get(ctl.status.remote(), timeout=60)
-        line = {
-            n: {"replicas": p["replicas"], "lag": p["lag"], "req/s": p["throughput_per_s"]}
-            for n, p in st["pipelines"].items()
-        }
-        print(json.dumps(line), flush=True)
+        try:
+            st = ray.get(ctl.status.remote(), timeout=60)
+        except (RayActorError, GetTimeoutError) as exc:
+            try:
+                get_controller(deployment, namespace)  # a restarting actor keeps its name
+            except ValueError:
+                return False
+            print(json.dumps({"controller": f"not answering: {type(exc).__name__}"}), flush=True)
+        else:
+            line = {
+                n: {
+                    "replicas": p["replicas"],
+                    "ready": p["ready"],
+                    "lag": p["lag"],
+                    "req/s": p["throughput_per_s"],
+                }
+                for n, p in st["pipelines"].items()
+            }
+            print(json.dumps(line), flush=True)
         time.sleep(interval)
 
 
@@ -157,35 +177,76 @@ def _kafka_refused(ctl: Any, timeout_s: float = 60.0) -> str | None:
     return None
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    import json
-
-    import ray
-
-    from topology.controller import DEFAULT_NAMESPACE, get_controller
+def _deployment_spec(args: argparse.Namespace) -> Any:
+    """The Ray section `status` and `stop` connect with: the file's (--topology), else the
+    defaults, with --address, --namespace and --deployment on top."""
+    from topology.controller import DEFAULT_NAMESPACE
     from topology.spec import RaySpec
 
     spec = RaySpec(address="auto", namespace=DEFAULT_NAMESPACE)
     if args.topology is not None:
         spec = _load_topology(args.topology).ray
-    spec = spec.model_copy(
+    return spec.model_copy(
         update={
             "address": args.address or spec.address or "auto",
             "namespace": args.namespace or spec.namespace,
             "deployment": args.deployment or spec.deployment,
         }
     )
+
+
+def _no_controller(spec: Any) -> int:
+    print(
+        f"no controller named {spec.deployment!r} is running in namespace {spec.namespace!r}",
+        file=sys.stderr,
+    )
+    return 3
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    """Drain a deployment's workers and remove its controller (one started with
+    `dgstream run --detach`, or another host's `dgstream run`)."""
+    import ray
+
+    from topology.controller import get_controller, stop_controller
+
+    spec = _deployment_spec(args)
     _connect(spec, log_to_driver=False, logging_level="WARNING")
     try:
         try:
             ctl = get_controller(spec.deployment, spec.namespace)
         except ValueError:
-            print(
-                f"no controller named {spec.deployment!r} is running in namespace "
-                f"{spec.namespace!r}",
-                file=sys.stderr,
-            )
-            return 3
+            return _no_controller(spec)
+        try:
+            st = ray.get(ctl.status.remote(), timeout=60)
+            workers = sorted(w for p in st["pipelines"].values() for w in p["workers"])
+        except Exception:  # restarting, or stuck: stop it all the same
+            workers = []
+        print(f"stopping {spec.deployment}: draining workers ...", file=sys.stderr, flush=True)
+        last = stop_controller(ctl, drain=not args.no_drain, timeout_s=args.timeout)
+    finally:
+        ray.shutdown()
+    if last is None:
+        print("the controller did not answer in time; removed it", file=sys.stderr)
+        return 1
+    print(f"stopped {spec.deployment}" + (f" ({', '.join(workers)})" if workers else ""))
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    import ray
+
+    from topology.controller import get_controller
+
+    spec = _deployment_spec(args)
+    _connect(spec, log_to_driver=False, logging_level="WARNING")
+    try:
+        try:
+            ctl = get_controller(spec.deployment, spec.namespace)
+        except ValueError:
+            return _no_controller(spec)
         st = ray.get(ctl.status.remote(), timeout=60)
     finally:
         ray.shutdown()
@@ -214,10 +275,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         *(["--bootstrap", args.bootstrap] if args.bootstrap else []),
         *(["--messages", str(args.messages)] if args.messages else []),
         *(["--repeat", str(args.repeat)] if args.repeat else []),
-        *(["--no-write"] if args.no_write else []),
+        *([] if args.write else ["--no-write"]),
     ]
     sys.argv = [str(script), *passed]
-    runpy.run_path(str(script), run_name="__main__")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # the script ends with sys.exit(main())
+        if exc.code not in (None, 0):
+            return exc.code if isinstance(exc.code, int) else 1
+    doc = script.parents[1] / "docs" / "benchmarks.md"
+    if args.write:
+        print(f"wrote the worker-overhead section of {doc}")
+    else:
+        print(f"{doc} left as it was (--write updates its worker-overhead section)")
     print("GPU figures: see docs/benchmarks.md (bench/engine_gpu.py on the GPU machine)")
     return 0
 
@@ -267,26 +337,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_status = sub.add_parser("status", help="pipelines, replicas, lag, throughput")
     p_status.add_argument("--json", action="store_true", help="the whole status as JSON")
-    p_status.add_argument(
-        "--topology",
-        "-t",
-        default=None,
-        help="take the deployment, namespace, address and token from this file's ray section",
+    p_stop = sub.add_parser("stop", help="drain a deployment's workers and remove its controller")
+    p_stop.add_argument(
+        "--no-drain",
+        action="store_true",
+        help="stop the workers at once (uncommitted work is read again by the next owner)",
     )
-    p_status.add_argument("--address", default=None, help="Ray address (default: auto)")
-    p_status.add_argument("--namespace", default=None, help="default: dgstream")
-    p_status.add_argument("--deployment", default=None, help="default: default")
-    p_status.set_defaults(func=_cmd_status)
+    p_stop.add_argument("--timeout", type=float, default=300.0, help="seconds for the drain")
+    for p, fn in ((p_status, _cmd_status), (p_stop, _cmd_stop)):
+        p.add_argument(
+            "--topology",
+            "-t",
+            default=None,
+            help="take the deployment, namespace, address and token from this file's ray section",
+        )
+        p.add_argument("--address", default=None, help="Ray address (default: auto)")
+        p.add_argument("--namespace", default=None, help="default: dgstream")
+        p.add_argument("--deployment", default=None, help="default: default")
+        p.set_defaults(func=fn)
 
     from topology import commands
 
     commands.register(sub)
 
-    p_bench = sub.add_parser("bench", help="run the CPU benchmarks (docs/benchmarks.md)")
+    p_bench = sub.add_parser(
+        "bench", help="run the CPU benchmark (worker overhead) and print its figures"
+    )
     p_bench.add_argument("--bootstrap", default=None, help="an existing broker")
     p_bench.add_argument("--messages", type=int, default=None)
     p_bench.add_argument("--repeat", type=int, default=None)
-    p_bench.add_argument("--no-write", action="store_true", help="leave docs/benchmarks.md")
+    p_bench.add_argument(
+        "--write",
+        action="store_true",
+        help="also rewrite the worker-overhead section of docs/benchmarks.md",
+    )
     p_bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -2,9 +2,13 @@
 
 Each connects with one `KafkaConnection` (`kafka_connection`): a topology file's `kafka`
 section (`--topology`), else the `DGSTREAM_KAFKA_*` variables; `--bootstrap` replaces
-only the servers, the TLS and SASL settings stay. The connection is checked first
-(`workers.kafka_probe`), so a wrong password or an untrusted certificate is one clear
-line, not a long wait and a traceback.
+only the servers, the TLS and SASL settings stay. With no servers named anywhere, the
+local broker of `dgstream broker start` is used when it runs. The connection is checked
+first (`workers.kafka_probe`), so a wrong password or an untrusted certificate is one
+clear line, not a long wait and a traceback.
+
+`dlq` lists a dead-letter topic from its beginning to its end as of the start, then
+exits (`--follow` waits for more); `tail` follows a results topic.
 """
 
 from __future__ import annotations
@@ -44,8 +48,14 @@ def kafka_connection(args: argparse.Namespace, *, check: bool = True) -> Any:
             conn = KafkaConnection.model_validate(base)
         else:
             environ = dict(os.environ)
+            servers = f"{_ENV_PREFIX}BOOTSTRAP_SERVERS"
             if args.bootstrap:
-                environ[f"{_ENV_PREFIX}BOOTSTRAP_SERVERS"] = args.bootstrap
+                environ[servers] = args.bootstrap
+            elif not environ.get(servers, "").strip():
+                local = _local_broker()
+                if local is not None:
+                    print(f"(the local broker at {local}: dgstream broker start)", file=sys.stderr)
+                    environ[servers] = local
             conn = KafkaConnection.from_env(_ENV_PREFIX, environ)
     except SpecError as exc:
         raise Refused(str(exc)) from None
@@ -59,6 +69,18 @@ def kafka_connection(args: argparse.Namespace, *, check: bool = True) -> Any:
     return conn
 
 
+def _local_broker() -> str | None:
+    """The bootstrap servers of the broker `dgstream broker start` runs from its home
+    (`DGSTREAM_KAFKA_HOME`, else the repository's `.cache/kafka/run`), if it runs."""
+    from infra.kafka import broker
+
+    try:
+        st = broker.status(probe_timeout_s=2.0)
+    except broker.BrokerError:
+        return None
+    return str(st["bootstrap"]) if st["running"] and st["answers_metadata"] else None
+
+
 def _settings_error(exc: Any, args: argparse.Namespace) -> str:
     where = "--bootstrap" if args.bootstrap else f"{_ENV_PREFIX}* variables"
     if args.topology:
@@ -66,7 +88,8 @@ def _settings_error(exc: Any, args: argparse.Namespace) -> str:
     if any(e["loc"] == ("bootstrap_servers",) and e["type"] == "missing" for e in exc.errors()):
         return (
             "no Kafka to connect to: pass --bootstrap HOST:PORT or --topology FILE, "
-            f"or set {_ENV_PREFIX}BOOTSTRAP_SERVERS (and {_ENV_PREFIX}SECURITY_PROTOCOL, ...)"
+            f"or set {_ENV_PREFIX}BOOTSTRAP_SERVERS (and {_ENV_PREFIX}SECURITY_PROTOCOL, ...), "
+            "or start the local broker (dgstream broker start)"
         )
     fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return f"Kafka settings from {where}: {fields}"
@@ -213,32 +236,60 @@ def replay_group(args: argparse.Namespace) -> str:
     return f"{name}.{args.code}" if args.code else name
 
 
-def _replay_consumer(args: argparse.Namespace, conn: Any) -> Any:
-    """The dead-letter topic's every partition, from where the replay group stopped (or
-    the beginning / the end, as --from-beginning says, where it never ran)."""
+def _dead_letter_consumer(args: argparse.Namespace, conn: Any) -> tuple[Any, list[Any]]:
+    """The dead-letter topic's every partition, assigned, and where reading starts: for a
+    replay, where its group stopped; else (and for a group that never ran) the
+    beginning, or the end with --follow alone (new dead letters only)."""
     from kafka import KafkaConsumer, TopicPartition
 
+    replaying = bool(args.replay_to)
     consumer = KafkaConsumer(
-        group_id=replay_group(args),
+        group_id=replay_group(args) if replaying else None,
         enable_auto_commit=False,
         isolation_level="read_committed",
-        consumer_timeout_ms=int(args.idle_s * 1000) if args.idle_s else float("inf"),
         **conn.client_kwargs(),
     )
-    tps = [
-        TopicPartition(args.topic, p)
-        for p in sorted(consumer.partitions_for_topic(args.topic) or ())
-    ]
+    parts = consumer.partitions_for_topic(args.topic)
+    if not parts:
+        consumer.close()
+        raise Refused(f"no topic {args.topic!r} at {','.join(conn.bootstrap_servers)}")
+    tps = [TopicPartition(args.topic, p) for p in sorted(parts)]
     consumer.assign(tps)
+    from_start = args.from_beginning or not args.follow
     for tp in tps:
-        committed = consumer.committed(tp)
+        committed = consumer.committed(tp) if replaying else None
         if committed is not None:
             consumer.seek(tp, committed)
-        elif args.from_beginning:
+        elif from_start:
             consumer.seek_to_beginning(tp)
         else:
             consumer.seek_to_end(tp)
-    return consumer
+    return consumer, tps
+
+
+# How long one poll of `_records` waits: short, so that Ctrl-C and --idle-s are prompt.
+_POLL_MS = 500
+
+
+def _records(consumer: Any, tps: list[Any], *, follow: bool, idle_s: float) -> Iterator[Any]:
+    """The records of the assigned partitions from where the consumer stands: up to the
+    end offsets as of now (read committed: the last stable offsets), then stop; with
+    `follow`, on and on. `idle_s` (when set) stops either after that long without one."""
+    ends = None if follow else consumer.end_offsets(tps)
+    quiet_since = time.monotonic()
+    while True:
+        if ends is not None and all(consumer.position(tp) >= ends[tp] for tp in tps):
+            return
+        polled = consumer.poll(timeout_ms=_POLL_MS)
+        now = time.monotonic()
+        if polled:
+            quiet_since = now
+        elif idle_s and now - quiet_since >= idle_s:
+            return
+        for tp, recs in polled.items():
+            for rec in recs:
+                if ends is None or rec.offset < ends[tp]:
+                    yield rec
 
 
 def _print_letter(letter: Any, as_json: bool, raw: bool) -> None:
@@ -262,15 +313,14 @@ def dlq(args: argparse.Namespace) -> int:
     from schemas.dead_letter import RAW_FORMAT
 
     conn = kafka_connection(args)
-    replaying = bool(args.replay_to)
-    consumer = _replay_consumer(args, conn) if replaying else _consumer(args, conn, args.topic)
+    consumer, tps = _dead_letter_consumer(args, conn)
     producer = None
-    if replaying:
+    if args.replay_to:
         producer = KafkaProducer(acks="all", enable_idempotence=True, **conn.client_kwargs())
-    seen = replayed = skipped = 0
+    seen = listed = replayed = 0
     done: dict[Any, int] = {}  # tp -> next offset, for the replay group
     try:
-        for rec in consumer:
+        for rec in _records(consumer, tps, follow=args.follow, idle_s=args.idle_s):
             seen += 1
             done[(rec.topic, rec.partition)] = rec.offset + 1
             try:
@@ -278,35 +328,43 @@ def dlq(args: argparse.Namespace) -> int:
             except ValueError:
                 print(f"(not a dead letter) {(rec.value or b'')[:120]!r}")
                 continue
-            if args.code and letter.error.code != args.code:
-                continue
-            _print_letter(letter, args.json, (RAW_FORMAT, b"raw") in (rec.headers or []))
-            if producer is not None:
-                if letter.truncated:
-                    skipped += 1  # only a prefix was kept: not the original
-                    print(f"  not replayed: only {len(letter.original_bytes())} bytes kept")
-                else:
-                    # A header without a value goes as b"": kafka-python writes no null.
-                    headers = [(k, v or b"") for k, v in letter.original_headers()]
-                    producer.send(
-                        args.replay_to,
-                        value=letter.original_value(),
-                        key=letter.source.key_bytes(),
-                        headers=headers,
-                    )
+            if not args.code or letter.error.code == args.code:
+                listed += 1
+                _print_letter(letter, args.json, (RAW_FORMAT, b"raw") in (rec.headers or []))
+                if producer is not None and _replay(producer, letter, args.replay_to):
                     replayed += 1
                     if replayed % _REPLAY_COMMIT_EVERY == 0:
                         _commit_replayed(producer, consumer, done)
             if args.max and seen >= args.max:
                 break
+    except KeyboardInterrupt:
+        pass  # what was replayed is remembered below
     finally:
         if producer is not None:
             _commit_replayed(producer, consumer, done)
             producer.close()
         consumer.close()
     if producer is not None:
+        skipped = listed - replayed
         print(f"replayed {replayed} to {args.replay_to}" + (f", {skipped} not" if skipped else ""))
+    elif not args.json:
+        code = f" with code {args.code}" if args.code else ""
+        print(f"{listed} dead letter(s){code} in {args.topic}", file=sys.stderr)
     return 0
+
+
+def _replay(producer: Any, letter: Any, target: str) -> bool:
+    """Send a dead letter's original record to `target` as it was (value, key, headers);
+    False (and a line) when only a prefix of it was kept."""
+    if letter.truncated:
+        print(f"  not replayed: only {len(letter.original_bytes())} bytes kept")
+        return False
+    # A header without a value goes as b"": kafka-python writes no null.
+    headers = [(k, v or b"") for k, v in letter.original_headers()]
+    producer.send(
+        target, value=letter.original_value(), key=letter.source.key_bytes(), headers=headers
+    )
+    return True
 
 
 def _commit_replayed(producer: Any, consumer: Any, done: dict[Any, int]) -> None:
@@ -329,17 +387,33 @@ def register(sub: Any) -> None:
     p.set_defaults(func=produce)
 
     for name, fn, text in (
-        ("tail", tail, "follow a results topic"),
-        ("dlq", dlq, "inspect dead letters and replay them after a fix"),
+        ("tail", tail, "follow a results topic (from its end; --from-beginning)"),
+        (
+            "dlq",
+            dlq,
+            "list a dead-letter topic from its beginning to its end (--follow: wait for "
+            "more), and replay the originals after a fix (--replay-to)",
+        ),
     ):
         q = sub.add_parser(name, help=text)
         q.add_argument("topic")
-        q.add_argument("--from-beginning", action="store_true")
+        q.add_argument(
+            "--from-beginning",
+            action="store_true",
+            help="tail: from the topic's beginning; dlq --follow: from the beginning too, "
+            "not only new dead letters",
+        )
         q.add_argument("--max", type=int, default=0, help="stop after this many records")
         q.add_argument("--idle-s", type=float, default=0.0, help="stop after this long idle")
         q.add_argument("--json", action="store_true")
         add_kafka_arguments(q)
         if name == "dlq":
+            q.add_argument(
+                "--follow",
+                action="store_true",
+                help="keep reading after the end, for new dead letters (from the end "
+                "unless --from-beginning; a replay from where its group stopped)",
+            )
             q.add_argument(
                 "--replay-to",
                 default=None,

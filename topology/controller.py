@@ -175,8 +175,14 @@ class PipelineRunner:
             ),
         )
 
+    def replica_prefix(self) -> str:
+        from workers.actor import replica_prefix
+
+        return replica_prefix(self.topology.ray.deployment, self.spec.name)
+
     def actor_name(self, replica: int) -> str:
-        return f"dgstream-{self.spec.name}-{replica}"
+        """`dgstream-<deployment>.<pipeline>-<replica>` (`workers.actor.actor_name`)."""
+        return f"{self.replica_prefix()}{replica}"
 
     def bundle(self) -> dict[str, float]:
         """What one replica asks Ray for (the resources with a positive amount)."""
@@ -240,9 +246,10 @@ class PipelineRunner:
                 self._close_admin()
                 self.setup_error = f"topics: {type(exc).__name__}: {exc}"
         if not self._adopted:
-            # Replicas of this pipeline already running under our names (a restarted
-            # controller): adopt them rather than fail on their names.
-            prefix = f"dgstream-{self.spec.name}-"
+            # Replicas of this deployment's pipeline already running under our names (a
+            # restarted controller): adopt them rather than fail on their names. Another
+            # deployment's replicas of the same pipeline (an upgrade) have other names.
+            prefix = self.replica_prefix()
             for entry in ray.util.list_named_actors(all_namespaces=True):
                 name = entry["name"]
                 if entry["namespace"] != self.namespace or not name.startswith(prefix):

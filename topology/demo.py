@@ -191,7 +191,7 @@ def run_demo(
             ray.kill(ctl, no_restart=True)
         if ray.is_initialized():
             ray.shutdown()
-        broker.stop(home=home)
+        broker.stop(home=home, delete_data=True)
         shutil.rmtree(home, ignore_errors=True)
         print(f"6. stopped everything ({time.perf_counter() - t0:.1f}s in all)", flush=True)
 

@@ -21,10 +21,12 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 INTRO = """# Configuration: the topology file
 
 A deployment is described by one YAML file (`dgstream run TOPOLOGY`). Examples:
-`topology/examples/moderation.yaml` (one GPU pipeline on vLLM) and
-`topology/examples/two-pipelines.yaml` (two CPU pipelines on a local broker),
-`topology/examples/jev-routes.yaml` (Jev's bodies in, Jev's answers out, routed; on the
-demo model: `docs/jev.md`, `docs/routes.md`).
+`topology/examples/moderation.yaml` (the production sample: one GPU pipeline on vLLM, a
+SASL_SSL cluster; it does not run on one machine),
+`topology/examples/two-pipelines.yaml` (two CPU pipelines on a local broker, on a model
+with random weights: plumbing only), and `topology/examples/jev-routes.yaml` (Jev's
+bodies in, Jev's answers out, routed; on the demo model, the README's walk-through:
+`docs/jev.md`, `docs/routes.md`).
 Errors name the path of the bad field, e.g. `pipelines[0].replicas: min (3) must not
 exceed max (2)`. Secrets never go in the file: name an environment variable instead
 (`sasl_password_env`, `ssl_password_env`), set on every Ray node (docs/operations.md).

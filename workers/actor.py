@@ -38,7 +38,14 @@ from workers.logs import configure_logging, get_logger
 from workers.settings import WorkerSettings
 from workers.worker import StreamWorker
 
-__all__ = ["WorkerActor", "actor_name", "actor_options", "create_worker", "retire"]
+__all__ = [
+    "WorkerActor",
+    "actor_name",
+    "actor_options",
+    "create_worker",
+    "replica_prefix",
+    "retire",
+]
 
 # status(), ping() and drain() may overlap; the worker itself runs on its own thread.
 _MAX_CONCURRENCY = 4
@@ -128,9 +135,18 @@ WorkerActor: Any = _remote(max_restarts=-1, max_task_retries=0, max_concurrency=
 )
 
 
+def replica_prefix(deployment: str, pipeline: str) -> str:
+    """What the names of one deployment's replicas of `pipeline` start with. The dot
+    cannot occur in either name (`[a-z0-9-]`), so no other deployment or pipeline shares
+    the prefix: two deployments of one pipeline (an upgrade) run side by side in one
+    namespace, and a controller adopts its own replicas only."""
+    return f"dgstream-{deployment}.{pipeline}-"
+
+
 def actor_name(settings: WorkerSettings) -> str:
-    """The actor's name in its namespace: one per pipeline replica."""
-    return f"dgstream-{settings.pipeline}-{settings.replica}"
+    """The actor's name in its namespace: one per deployment, pipeline and replica,
+    `dgstream-<deployment>.<pipeline>-<replica>`."""
+    return f"{replica_prefix(settings.deployment, settings.pipeline)}{settings.replica}"
 
 
 def actor_options(

@@ -202,7 +202,7 @@ class WorkerSettings(_Frozen):
     static_membership: bool = False
     parse_limits: ParseLimits = DEFAULT_LIMITS
     replica: int = Field(default=0, ge=0)
-    # Default: "<pipeline>-<replica>". Goes into logs, metrics, result headers and
+    # Default: "<deployment>.<pipeline>-<replica>". Goes into logs, metrics, result headers and
     # diagnostics, dead letters and the Kafka client id.
     worker_name: str | None = Field(default=None, min_length=1, max_length=200)
     consumer: ConsumerTuning = Field(default_factory=ConsumerTuning)
@@ -287,8 +287,10 @@ class WorkerSettings(_Frozen):
 
     @property
     def name(self) -> str:
-        """The worker's name: `worker_name`, or "<pipeline>-<replica>"."""
-        return self.worker_name or f"{self.pipeline}-{self.replica}"
+        """The worker's name: `worker_name`, or "<deployment>.<pipeline>-<replica>" (its
+        actor's name without "dgstream-"), so results, dead letters, logs and metrics say
+        which deployment answered while two run side by side (an upgrade)."""
+        return self.worker_name or f"{self.deployment}.{self.pipeline}-{self.replica}"
 
     @property
     def group_instance_id(self) -> str:

@@ -11,7 +11,10 @@ is missing or stale) and 127.0.0.1.
   and waits until the broker answers a metadata request. `start_cluster(n)` does the same
   for `n` combined nodes with a static controller quorum, for fault tests.
 * `stop()` / `status()` work from the state file `<home>/state.json`; `kill_node()` and
-  `restart_node()` stop and bring back one node of a running cluster.
+  `restart_node()` stop and bring back one node of a running cluster. `stop()` keeps the
+  data (topics, offsets, the cluster id) unless told to delete it, and the next `start()`
+  resumes it on the same ports; a start with `overrides` (or `start_secure`) formats
+  afresh.
 
 The state directory ("home") defaults to `<repo>/.cache/kafka/run`; `DGSTREAM_KAFKA_HOME`
 or the `home` argument overrides it. `DGSTREAM_KAFKA_LIB` overrides the jar cache;
@@ -139,6 +142,7 @@ class BrokerInfo:
     lib_dir: str
     standalone: bool  # single node with a dynamic (--standalone) controller quorum
     reused: bool = False  # True when `start()` found it already running
+    resumed: bool = False  # True when `start()` relaunched it on its kept data
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -181,6 +185,7 @@ class BrokerInfo:
             lib_dir=str(d["lib_dir"]),
             standalone=bool(d.get("standalone", len(d["nodes"]) == 1)),
             reused=bool(d.get("reused", False)),
+            resumed=bool(d.get("resumed", False)),
             extra={str(k): str(v) for k, v in dict(d.get("extra", {})).items()},
         )
 
@@ -665,6 +670,7 @@ def _read_state(home: Path) -> BrokerInfo | None:
 def _write_state(info: BrokerInfo) -> None:
     d = info.to_dict()
     d.pop("reused", None)
+    d.pop("resumed", None)
     _write_atomic(Path(info.home) / STATE_NAME, json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
@@ -687,8 +693,9 @@ def start(
     """Start one combined broker+controller on 127.0.0.1 (or return the running one).
 
     `port` is the client (PLAINTEXT) port: by default 9092 when free, else a free one; 0 is
-    any free port (what tests use); an explicit port that is taken is an error. The storage
-    is formatted afresh each start.
+    any free port (what tests use); an explicit port that is taken is an error. Data a
+    `stop()` kept in `home` is resumed (same cluster, ports, topics and offsets; `resumed`
+    is True); else, or with `overrides`, the storage is formatted afresh.
     """
     return _start(
         home,
@@ -757,7 +764,7 @@ def start_secure(
     `<home>/tls`; `info.extra` holds `ca_file` and both listeners' bootstrap servers
     (`info.listener_bootstrap("SASL_SSL")`). The PLAINTEXT listener stays for the
     broker's own use (replication, the readiness probe, `status`). No password is kept in
-    the state file."""
+    the state file. The storage is always formatted afresh (the users are stored then)."""
     from infra.kafka.tls import TlsError, make_certificates
 
     for name, password in users.items():
@@ -851,7 +858,11 @@ def _start(
                     )
                 existing.reused = True
                 return existing
-            _stop_locked(home, existing, timeout_s=15.0)  # stale: clean up what is left
+            # Stopped with its data kept (or crashed): resume it, unless this start asks
+            # for settings the kept storage cannot take.
+            if not (overrides or extra_listeners or format_args) and _has_data(existing):
+                return _resume_locked(home, existing, n, ports, lib_dir, t0, timeout_s)
+            _stop_locked(home, existing, timeout_s=15.0)  # clean up what is left
 
         lib = fetch(lib_dir).lib_dir
         java = _java()
@@ -988,21 +999,92 @@ def _boot(
     )
 
 
-def _stop_locked(home: Path, info: BrokerInfo, timeout_s: float) -> None:
+def _has_data(info: BrokerInfo) -> bool:
+    """Whether every node's formatted storage is still there."""
+    return all((Path(n.data_dir) / "meta.properties").is_file() for n in info.nodes)
+
+
+def _resume_locked(
+    home: Path,
+    info: BrokerInfo,
+    n: int,
+    ports: list[int] | None,
+    lib_dir: str | os.PathLike[str] | None,
+    t0: float,
+    timeout_s: float,
+) -> BrokerInfo:
+    """Relaunch every node of a stopped broker on its kept data, properties and ports (a
+    KRaft quorum knows its controllers by address: the ports cannot change)."""
+    fresh = f"or `dgstream broker stop --delete-data --home {home}` to start afresh"
+    if len(info.nodes) != n:
+        raise BrokerError(
+            f"{home} holds the data of a {len(info.nodes)}-node Kafka: start "
+            f"{len(info.nodes)} nodes, {fresh}"
+        )
+    if ports and info.nodes[0].client_port != ports[0]:
+        raise BrokerError(
+            f"the Kafka data kept in {home} listens on port "
+            f"{info.nodes[0].client_port}, not {ports[0]}: start without a port, {fresh}"
+        )
+    for node in info.nodes:  # a node left running alone (a half-stopped cluster)
+        _terminate(node, 15.0)
+    taken = [
+        p
+        for node in info.nodes
+        for p in (node.client_port, node.controller_port, *node.listeners.values())
+        if not _port_free(p)
+    ]
+    if taken:
+        raise BrokerError(
+            f"the Kafka data kept in {home} needs ports {taken} on {LOOPBACK}, "
+            f"which are in use: free them, {fresh}"
+        )
+    lib = fetch(lib_dir).lib_dir
+    java = _java()
+    launched_at = time.monotonic()
+    info.started_at = time.time()
+    try:
+        for node in info.nodes:
+            node.pid = _launch(java, lib, home, node, append_log=True)
+        _wait_ready(info.nodes, launched_at + timeout_s, expect_brokers=len(info.nodes))
+    except BaseException:
+        for node in info.nodes:
+            if node.pid:
+                _terminate(node, timeout_s=10.0)
+        raise
+    now = time.monotonic()
+    info.start_seconds = round(now - launched_at, 3)
+    info.total_seconds = round(now - t0, 3)
+    info.lib_dir = str(lib)
+    info.resumed = True
+    _write_state(info)
+    return info
+
+
+def _stop_locked(home: Path, info: BrokerInfo, timeout_s: float, delete_data: bool = True) -> None:
     for node in info.nodes:  # signal all first, so a cluster shuts down in parallel
         if _is_our_jvm(node.pid, node):
             _signal_group(node.pid, signal.SIGTERM)
     for node in info.nodes:
         _terminate(node, timeout_s)
+    if not delete_data:
+        return  # the state file names the data, ports and cluster id for the next start
     (home / STATE_NAME).unlink(missing_ok=True)
     for node in info.nodes:
         shutil.rmtree(node.data_dir, ignore_errors=True)
 
 
-def stop(home: str | os.PathLike[str] | None = None, *, timeout_s: float = 30.0) -> bool:
-    """SIGTERM every node, wait (bounded), SIGKILL what is left; remove state and data.
+def stop(
+    home: str | os.PathLike[str] | None = None,
+    *,
+    timeout_s: float = 30.0,
+    delete_data: bool = False,
+) -> bool:
+    """SIGTERM every node, wait (bounded), SIGKILL what is left. The data (topics, records,
+    offsets) and the state file stay for the next `start()` to resume, unless
+    `delete_data`. Node logs are kept either way.
 
-    Returns True when something was stopped (or stale state removed). Node logs are kept.
+    Returns True when a node was stopped, or data deleted.
     """
     h = _home(home)
     if not h.exists():
@@ -1011,8 +1093,9 @@ def stop(home: str | os.PathLike[str] | None = None, *, timeout_s: float = 30.0)
         info = _read_state(h)
         if info is None:
             return False
-        _stop_locked(h, info, timeout_s)
-    return True
+        was_running = any(_is_our_jvm(n.pid, n) for n in info.nodes)
+        _stop_locked(h, info, timeout_s, delete_data=delete_data)
+    return was_running or delete_data
 
 
 def status(
@@ -1025,14 +1108,18 @@ def status(
         return {"running": False, "answers_metadata": False, "home": str(h)}
     alive = {n.node_id: _is_our_jvm(n.pid, n) for n in info.nodes}
     running = any(alive.values())
+    # A stopped broker whose data was kept: `start()` resumes it.
+    data_kept = not running and _has_data(info)
     described = _probe(info.bootstrap_servers, probe_timeout_s) if running else None
     d = info.to_dict()
     d.pop("reused", None)
+    d.pop("resumed", None)
     d.update(
         running=running,
         all_nodes_running=all(alive.values()),
         nodes_alive={str(k): v for k, v in alive.items()},
         answers_metadata=described is not None,
+        data_kept=data_kept,
         brokers_answering=len(described.get("brokers", [])) if described else 0,
         pids=[n.pid for n in info.nodes],
         pid=info.pid,
@@ -1118,8 +1205,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nodes", type=int, default=1, help="combined broker+controller nodes (default 1)"
     )
     p_start.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for it")
-    p_stop = sub.add_parser("stop", parents=[common], help="stop it and remove its state")
+    p_stop = sub.add_parser(
+        "stop", parents=[common], help="stop it; its data stays for the next start"
+    )
     p_stop.add_argument("--timeout", type=float, default=30.0, help="seconds before SIGKILL")
+    p_stop.add_argument(
+        "--delete-data",
+        action="store_true",
+        help="also delete its topics, records and offsets (the next start is a new cluster)",
+    )
     sub.add_parser("status", parents=[common], help="is it running and answering?")
     sub.add_parser("fetch", parents=[common], help="fetch Kafka's jars (no-op when cached)")
 
@@ -1159,6 +1253,11 @@ def cli(args: argparse.Namespace) -> int:
                 info = start(home, port=args.port, timeout_s=args.timeout)
             if info.reused:
                 text = f"Kafka already running: bootstrap servers {info.bootstrap}"
+            elif info.resumed:
+                text = (
+                    f"Kafka started on its kept data ({info.home}): bootstrap servers "
+                    f"{info.bootstrap} (ready {info.start_seconds:.1f}s after launch)"
+                )
             else:
                 text = (
                     f"Kafka started: bootstrap servers {info.bootstrap} "
@@ -1168,13 +1267,7 @@ def cli(args: argparse.Namespace) -> int:
             _emit(args, info.to_dict(), text)
             return 0
         if action == "stop":
-            stopped = stop(home, timeout_s=args.timeout)
-            _emit(
-                args,
-                {"stopped": stopped, "home": str(_home(home))},
-                "Kafka stopped" if stopped else "Kafka was not running",
-            )
-            return 0
+            return _cli_stop(args, home)
         if action == "status":
             st = status(home)
             if st["running"]:
@@ -1182,6 +1275,8 @@ def cli(args: argparse.Namespace) -> int:
                     f"Kafka running: bootstrap servers {st['bootstrap']}, pids {st['pids']}, "
                     f"answers metadata: {'yes' if st['answers_metadata'] else 'no'}"
                 )
+            elif st.get("data_kept"):
+                text = f"Kafka not running; its data is kept in {st['home']} ({_KEPT_HINT})"
             else:
                 text = "Kafka not running"
             _emit(args, st, text)
@@ -1191,6 +1286,23 @@ def cli(args: argparse.Namespace) -> int:
         return 1
     print(f"unknown broker action {action!r}", file=sys.stderr)
     return 2
+
+
+_KEPT_HINT = "`dgstream broker start` resumes it, `dgstream broker stop --delete-data` deletes it"
+
+
+def _cli_stop(args: argparse.Namespace, home: str | None) -> int:
+    h = _home(home)
+    stopped = stop(home, timeout_s=args.timeout, delete_data=args.delete_data)
+    kept = not args.delete_data and _read_state(h) is not None
+    if args.delete_data:
+        text = "Kafka stopped, its data deleted" if stopped else "Kafka was not running"
+    elif stopped:
+        text = f"Kafka stopped; its data is kept in {h} ({_KEPT_HINT})"
+    else:
+        text = "Kafka was not running" + (f"; its data is kept in {h}" if kept else "")
+    _emit(args, {"stopped": stopped, "data_kept": kept, "home": str(h)}, text)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -204,37 +204,83 @@ def test_fetch_reuses_cache_without_maven(no_maven: dict[str, str], tmp_path: Pa
         broker.fetch(stale)
 
 
+def _send(bootstrap: str, topic: str, value: bytes) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        producer.send(topic, value=value).get(timeout=60)
+    finally:
+        producer.close(timeout=10)
+
+
+def _values(bootstrap: str, topic: str) -> list[bytes]:
+    """Every value of partition 0 of `topic`, from its beginning to its end."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        end = c.end_offsets([tp])[tp]
+        out: list[bytes] = []
+        while c.position(tp) < end:
+            out += [r.value for recs in c.poll(timeout_ms=500).values() for r in recs]
+        return out
+    finally:
+        c.close()
+
+
 @pytest.mark.slow
 def test_start_status_stop_round_trip(no_maven: dict[str, str], tmp_path: Path) -> None:
-    """Runs with a Maven that cannot work: starting reuses the cached jars."""
+    """Runs with a Maven that cannot work: starting reuses the cached jars. A stop keeps
+    the data, and the next start resumes it (same cluster, port, records); a stop with
+    delete_data removes it, and the next start is a new cluster."""
     home = tmp_path / "home"
     assert broker.status(home)["running"] is False
     info = broker.start(home, port=0)
     try:
-        assert not info.reused
+        assert not info.reused and not info.resumed
         assert info.start_seconds > 0
         st = broker.status(home)
-        assert st["running"] and st["answers_metadata"]
+        assert st["running"] and st["answers_metadata"] and not st["data_kept"]
         assert st["bootstrap"] == info.bootstrap
         assert st["pid"] == info.pid
         assert json.loads((home / "state.json").read_text())["nodes"][0]["pid"] == info.pid
 
         again = broker.start(home, port=0)  # idempotent
         assert again.reused and again.pid == info.pid and again.bootstrap == info.bootstrap
+        ensure_topics(info.bootstrap, {"kept": 1})
+        _send(info.bootstrap, "kept", b"before the stop")
     finally:
         assert broker.stop(home) is True
     st = broker.status(home)
-    assert st == {"running": False, "answers_metadata": False, "home": str(home)}
+    assert not st["running"] and st["data_kept"], st
     with pytest.raises(ProcessLookupError):
         os.kill(info.pid, 0)
-    assert broker.stop(home) is False
+    assert broker.stop(home) is False  # nothing running
 
-    warm = broker.start(home, port=0)  # a second start in the same home: fresh storage
+    resumed = broker.start(home, port=0)  # the kept data: same cluster, port and records
     try:
-        assert not warm.reused and warm.cluster_id != info.cluster_id
+        assert resumed.resumed and not resumed.reused
+        assert resumed.cluster_id == info.cluster_id and resumed.bootstrap == info.bootstrap
+        assert resumed.pid != info.pid
+        _send(resumed.bootstrap, "kept", b"after the restart")
+        assert _values(resumed.bootstrap, "kept") == [b"before the stop", b"after the restart"]
+    finally:
+        assert broker.stop(home) is True
+    with pytest.raises(broker.BrokerError, match="--delete-data"):
+        broker.start_cluster(3, home)  # another shape than the kept data's
+    with pytest.raises(broker.BrokerError, match="not 1"):
+        broker.start(home, port=1)  # another port than the kept data's
+    assert broker.stop(home, delete_data=True) is True  # nothing ran; the data goes
+    st = broker.status(home)
+    assert st == {"running": False, "answers_metadata": False, "home": str(home)}
+    assert broker.stop(home, delete_data=True) is False
+
+    fresh = broker.start(home, port=0)  # after delete_data: a new cluster
+    try:
+        assert not fresh.reused and not fresh.resumed and fresh.cluster_id != info.cluster_id
         assert broker.status(home)["answers_metadata"]
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)
 
 
 @pytest.mark.slow
@@ -266,4 +312,4 @@ def test_three_node_cluster_survives_one_node(tmp_path: Path, unique_name: Any) 
             TopicPartition(t, p): n for p, n in {0: 4, 1: 3, 2: 3}.items()
         }
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)

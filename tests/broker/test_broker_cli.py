@@ -63,3 +63,49 @@ def test_status_json_when_not_running(tmp_path: Path) -> None:
     stop = _run("broker", "stop", "--home", str(tmp_path))
     assert stop.returncode == 0
     assert "not running" in stop.stdout
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_stop_keeps_the_data_and_start_resumes_it(tmp_path: Path) -> None:
+    """`dgstream broker stop` keeps topics and records (and says so); `start` resumes them
+    on the same port; `stop --delete-data` deletes them."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from workers.kafka_admin import ensure_topics
+
+    home = str(tmp_path / "home")
+    started = _run("broker", "start", "--port", "0", "--home", home, "--json")
+    assert started.returncode == 0, started.stderr
+    boot = json.loads(started.stdout)["bootstrap"]
+    try:
+        ensure_topics(boot, {"orders": 1})
+        producer = KafkaProducer(bootstrap_servers=boot, acks="all")
+        producer.send("orders", value=b"order 1").get(timeout=60)
+        producer.close(timeout=10)
+        stop = _run("broker", "stop", "--home", home)
+        assert stop.returncode == 0 and "data is kept in" in stop.stdout, stop.stdout
+        st = _run("broker", "status", "--home", home)
+        assert st.returncode == 3 and "not running; its data is kept" in st.stdout, st.stdout
+        again = _run("broker", "start", "--port", "0", "--home", home)
+        assert again.returncode == 0, again.stderr
+        assert f"started on its kept data ({home}): bootstrap servers {boot}" in again.stdout
+        c = KafkaConsumer(bootstrap_servers=boot, enable_auto_commit=False)
+        try:
+            tp = TopicPartition("orders", 0)
+            c.assign([tp])
+            c.seek_to_beginning(tp)
+            got: list[bytes] = []
+            while c.position(tp) < 1:  # the one record kept
+                got += [r.value for recs in c.poll(timeout_ms=500).values() for r in recs]
+        finally:
+            c.close()
+        assert got == [b"order 1"]
+    finally:
+        gone = _run("broker", "stop", "--delete-data", "--home", home, "--json")
+    assert gone.returncode == 0 and json.loads(gone.stdout)["data_kept"] is False, gone.stdout
+    assert json.loads(_run("broker", "status", "--json", "--home", home).stdout) == {
+        "running": False,
+        "answers_metadata": False,
+        "home": str(Path(home).resolve()),
+    }

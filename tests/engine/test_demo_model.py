@@ -88,6 +88,7 @@ def test_the_check_fails_on_miswired_results(held_out_results: Any, miswiring: s
     assert_miswiring_caught(dt.check(dt.score_results(examples, bad)))
 
 
+@pytest.mark.unit
 def test_committed_training_log_passed_its_own_check() -> None:
     """The training script's own check of the committed weights passed (2,000 held-out
     requests, the engine in bf16 on the GPU); the tests above repeat it on the CPU."""

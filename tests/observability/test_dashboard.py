@@ -58,7 +58,7 @@ def test_dashboard_lists_workers_and_metrics(
     report = json.loads(line[len("REPORT ") :])
     assert report["dashboard"].startswith("127.0.0.1:")
     names = {a["name"] for a in report["actors"]}
-    assert "dgstream-probe-0" in names, report["actors"]
+    assert "dgstream-default.probe-0" in names, report["actors"]
     for metric in (
         "ray_dgstream_consumed_total",
         "ray_dgstream_answered_total",

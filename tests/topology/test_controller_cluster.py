@@ -27,6 +27,7 @@ from bench.autoscale_spike import (
     topology,
     unique,
 )
+from workers.actor import replica_prefix
 from workers.kafka_settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
@@ -136,7 +137,7 @@ def test_one_worker_per_gpu_over_three_nodes(
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topo))
     ns = topo["ray"]["namespace"]
-    prefix = f"dgstream-{name}-"
+    prefix = replica_prefix(topo["ray"]["deployment"], name)
     # `dgstream run --detach` starts the controller (deployment and namespace from the
     # file); `running_controller` finds it by name and removes it at the end.
     run = run_cli("run", str(path), "--detach", "--address", c.address, timeout=180)

@@ -267,4 +267,4 @@ def test_broker_outage_is_not_a_reason_to_scale_in(gpu_cluster: Any, tmp_path: P
         # The workers were not replaced: the size held and nothing died for good.
         assert st["restarts"] == 0, st
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)

@@ -4,14 +4,21 @@ produce (validation before sending), tail (results), dlq (inspect, replay), ask 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_runner import run_cli
+from waiting import wait_for
 from worker_helpers import OutputReader, Pipeline, WorkerThread
 
 pytestmark = [pytest.mark.broker]
 
+CLI = [sys.executable, "-m", "topology.cli"]
 QUESTIONS = {"toxic": {"type": "noul", "instructions": "Is it toxic?"}}
 
 
@@ -84,21 +91,15 @@ def test_ask_answers_locally() -> None:
 
 
 @pytest.mark.slow
-def test_bench_runs_and_reports_ratios(pipeline: Pipeline) -> None:
+def test_bench_runs_and_reports_ratios_and_writes_only_when_told(pipeline: Pipeline) -> None:
     boot = ",".join(pipeline.conn.bootstrap_servers)
-    out = run_cli(
-        "bench",
-        "--bootstrap",
-        boot,
-        "--messages",
-        "600",
-        "--repeat",
-        "1",
-        "--no-write",
-        timeout=600,
-    )
+    doc = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+    before = doc.read_bytes()
+    out = run_cli("bench", "--bootstrap", boot, "--messages", "600", "--repeat", "1", timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "stream worker" in out.stdout and "plain" in out.stdout
+    assert "left as it was (--write updates" in out.stdout
+    assert doc.read_bytes() == before
 
 
 def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline) -> None:
@@ -166,3 +167,86 @@ def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline)
         "bad",
         "score=1.80",
     ]
+
+
+def _bad_records(pipeline: Pipeline, worker_threads: list[WorkerThread], n: int) -> None:
+    """`n` records the worker dead-letters (INVALID_JSON and, every third, WRONG_TYPE)."""
+    values = [b'{"id": "w%d", "state": 7}' % i if i % 3 == 0 else b"{nope %d" % i for i in range(n)]
+    pipeline.produce(values, keys=[f"k{i}".encode() for i in range(n)])
+    worker_threads.append(WorkerThread(pipeline.settings()).start())
+    r = pipeline.reader(pipeline.dead)
+    r.read_until(lambda x: len(x.records) >= n, 60, f"{n} dead letters")
+
+
+def test_dlq_lists_from_the_beginning_and_exits_at_the_end(
+    pipeline: Pipeline, worker_threads: list[WorkerThread], tmp_path: Path
+) -> None:
+    """`dgstream dlq TOPIC` lists what is there and exits (no --from-beginning, no
+    --idle-s); --code filters; --follow alone waits for new ones only; --follow
+    --from-beginning lists what is there, then what arrives, until Ctrl-C."""
+    boot = ",".join(pipeline.conn.bootstrap_servers)
+    _bad_records(pipeline, worker_threads, 6)
+    out = run_cli("dlq", pipeline.dead, "--bootstrap", boot, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 6 and "6 dead letter(s) in" in out.stderr, (out.stdout, out.stderr)
+    assert sum("INVALID_JSON" in ln for ln in lines) == 4
+    only = run_cli("dlq", pipeline.dead, "--code", "WRONG_TYPE", "--bootstrap", boot)
+    assert only.returncode == 0 and len(only.stdout.splitlines()) == 2, only.stdout
+    assert "2 dead letter(s) with code WRONG_TYPE" in only.stderr
+    # --follow alone: from the end (the old default), so nothing of what is there.
+    new_only = run_cli("dlq", pipeline.dead, "--follow", "--idle-s", "3", "--bootstrap", boot)
+    assert new_only.returncode == 0 and new_only.stdout == "", new_only.stdout
+
+    listing = tmp_path / "follow.txt"
+    with listing.open("w") as sink:
+        proc = subprocess.Popen(
+            [*CLI, "dlq", pipeline.dead, "--follow", "--from-beginning", "--bootstrap", boot],
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=sink,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
+        try:
+            wait_for(lambda: len(listing.read_text().splitlines()) >= 6, 60, "the six")
+            pipeline.produce([b"{late"], keys=[b"k-late"])
+            wait_for(
+                lambda: (
+                    "INVALID_JSON" in listing.read_text().splitlines()[-1]
+                    and len(listing.read_text().splitlines()) == 7
+                ),
+                60,
+                "the new one",
+            )
+            assert proc.poll() is None  # still following
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    assert proc.returncode == 0 and b"Traceback" not in err, err.decode()[-2000:]
+
+
+def test_commands_use_the_local_broker_when_no_kafka_is_named(
+    pipeline: Pipeline, kafka_broker: Any, tmp_path: Path
+) -> None:
+    """No --bootstrap, --topology or DGSTREAM_KAFKA_BOOTSTRAP_SERVERS (as the README shows
+    the commands): the broker `dgstream broker start` runs is used; without one, one line
+    saying what to do, exit 2, no traceback."""
+    local = {"DGSTREAM_KAFKA_BOOTSTRAP_SERVERS": "", "DGSTREAM_KAFKA_HOME": kafka_broker.home}
+    line = json.dumps({"id": "local-1", "state": "hi", "questions": QUESTIONS})
+    out = run_cli("produce", pipeline.input, env=local, stdin=line + "\n")
+    assert out.returncode == 0 and "sent 1, refused 0" in out.stdout, out.stderr
+    assert f"the local broker at {kafka_broker.bootstrap}" in out.stderr
+    tail = run_cli("tail", pipeline.input, "--from-beginning", "--max", "1", env=local)
+    assert tail.returncode == 0 and "(not a result)" in tail.stdout, tail.stderr
+    dlq = run_cli("dlq", pipeline.dead, env=local)
+    assert dlq.returncode == 0 and "0 dead letter(s)" in dlq.stderr, dlq.stderr
+
+    nowhere = {**local, "DGSTREAM_KAFKA_HOME": str(tmp_path / "no-broker")}
+    for args in (["produce", pipeline.input], ["tail", pipeline.output], ["dlq", pipeline.dead]):
+        refused = run_cli(*args, env=nowhere, stdin="")
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert refused.stderr.startswith("error: no Kafka to connect to"), refused.stderr
+        assert "dgstream broker start" in refused.stderr and "Traceback" not in refused.stderr

@@ -242,7 +242,11 @@ def test_commands_connect_with_the_topology_or_environment_settings(
         outputs += [refused.stdout, refused.stderr]
 
     # No Kafka named at all: said so, not a pydantic traceback.
-    nowhere = run_cli("tail", p.output, env={"DGSTREAM_KAFKA_BOOTSTRAP_SERVERS": ""})
+    nowhere = run_cli(
+        "tail",
+        p.output,
+        env={"DGSTREAM_KAFKA_BOOTSTRAP_SERVERS": "", "DGSTREAM_KAFKA_HOME": str(tmp_path)},
+    )
     assert nowhere.returncode == 2 and "no Kafka to connect to" in nowhere.stderr
     assert "Traceback" not in nowhere.stderr
 

@@ -38,7 +38,7 @@ def test_worker_settings_defaults_and_derived_names() -> None:
     s = _settings(replica=3)
     assert s.batching.max_records == 64 and s.batching.max_in_flight == 2
     assert s.delivery == "at_least_once" and not s.static_membership
-    assert s.name == "moderation-3"
+    assert s.name == "default.moderation-3"
     assert s.group_instance_id == "default-moderation-3"
     assert s.transactional_id == "dgstream-moderation-default-moderation-3"
     assert s.num_gpus == 0  # the default engine is transformers
@@ -108,7 +108,7 @@ def test_worker_actor_options_from_settings() -> None:
     )
     opts = actor_options(s, lifetime="detached")
     assert opts == {
-        "name": "dgstream-moderation-1",
+        "name": "dgstream-default.moderation-1",
         "num_gpus": 1.0,
         "num_cpus": 2.0,
         "max_restarts": -1,
@@ -116,7 +116,9 @@ def test_worker_actor_options_from_settings() -> None:
         "resources": {"H200": 1.0},
         "lifetime": "detached",
     }
-    assert actor_name(s) == "dgstream-moderation-1"
+    assert actor_name(s) == "dgstream-default.moderation-1"
+    # Another deployment of the pipeline (an upgrade) has other names.
+    assert actor_name(s.model_copy(update={"deployment": "v2"})) == "dgstream-v2.moderation-1"
 
 
 def test_worker_metrics_are_local_outside_ray() -> None:
