@@ -64,13 +64,15 @@ def test_lag_is_exact(kafka_broker: BrokerInfo, kafka_admin: Any, topic: str, gr
     assert compute_lag(kafka_broker.bootstrap, group, [topic]) == {tp0: 34, tp1: 33, tp2: 33}
 
     consumer = KafkaConsumer(
-        topic,
         bootstrap_servers=kafka_broker.bootstrap_servers,
         group_id=group,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         client_id="dgstream-test-consumer",
     )
+    # Not KafkaConsumer(topic, ...): its first join can race its first metadata response
+    # and leave the group assigned nothing for 5 minutes (CI hit it on 2026-12-01).
+    subscribe_known(consumer, [topic])
     try:
         seen: list[bytes] = []
 

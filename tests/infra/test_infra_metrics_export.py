@@ -45,13 +45,18 @@ def record():
     m.record_routes(["block", "default"])
     m.set_in_flight(1)
     m.set_lag({"t-0": 5})
+    m.record_lost(1)
+    m.record_aborted()
+    m.record_outage_try("engine")
     kwargs = {
         name: True if "bool" in str(p.annotation) else 1
         for name, p in inspect.signature(controller_metrics.publish).parameters.items()
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
     controller_metrics.publish("infra-test", **kwargs)
-    time.sleep(30)  # keep the process (and its gauges) alive while the parent scrapes
+    # Keep the process (and its gauges: Ray drops a gauge whose process is idle or gone)
+    # alive for longer than the parent scrapes; the parent cancels it.
+    time.sleep(200)
     return True
 
 ref = record.remote()
