@@ -7,7 +7,7 @@ STAMP := $(VENV)/.setup-stamp
 VLLM_STAMP := $(VENV)/.setup-vllm-stamp
 EVENTS ?= 24
 
-.PHONY: setup setup-vllm kafka-jars test test-fast lint format demo bench clean
+.PHONY: setup setup-vllm kafka-jars test test-fast lint format demo bench mutation clean
 
 setup: $(STAMP) kafka-jars
 
@@ -40,13 +40,28 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The whole suite: lint, types, unit, the real broker, real Ray, vLLM's own validation.
+# The whole suite: lint, types, unit, the real broker, real Ray, vLLM's own validation, in
+# a random order (pytest-randomly; the header prints the seed, `--randomly-seed=N` replays
+# it). tests/gpu runs on the GPU machine (bench/gpu_round.sh): here it could only skip.
+PYTEST_ARGS := -p randomly --ignore=tests/gpu
 test: setup-vllm kafka-jars lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Without the vLLM install (quicker inner loop).
 test-fast: setup lint
-	$(BIN)/python -m pytest -m "not vllm"
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not vllm"
+
+# Mutation testing of the modules in pyproject's [tool.mutmut] (not in CI: about an hour on
+# 2 cores). One mutmut worker at nice 10 and one thread per test process: the machine is
+# shared. The tiny model is built once for the run, into mutants/. Then the score per module
+# goes to docs/benchmarks.md, and the survivors not explained in docs/mutation.md are listed
+# (bench/mutation_score.py).
+mutation: setup
+	rm -rf mutants
+	mkdir -p mutants/.model-cache
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 DGSTREAM_TEST_CACHE_DIR=$(CURDIR)/mutants/.model-cache \
+	  nice -n 10 $(BIN)/mutmut run --max-children 1
+	$(BIN)/python -m bench.mutation_score --write
 
 demo: setup
 	$(BIN)/dgstream demo --events $(EVENTS)

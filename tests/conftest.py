@@ -5,6 +5,9 @@ for the whole session; tests isolate themselves with `unique_name`, `topic` and 
 A test using it fails, never skips, when the broker's jars cannot be fetched or it does
 not start. `secure_broker` is a second one with TLS and SCRAM-SHA-512 listeners
 (`tests/secure_kafka.py`), started only when a test asks for it.
+
+Caches: the models the tests build (the tiny random DiffusionGemma) go to a cache of this
+session, never one an earlier run left under $HOME (see `_session_model_cache`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,32 @@ if TYPE_CHECKING:
 
     from infra.kafka.broker import BrokerInfo
     from workers.kafka_settings import KafkaConnection
+
+
+# --------------------------------------------------------------------------- caches
+
+# Names a model cache to share across sessions on purpose: `make mutation` runs the suite
+# once per mutant and builds the tiny model once for the whole run.
+SHARED_CACHE_ENV = "DGSTREAM_TEST_CACHE_DIR"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`DGSTREAM_CACHE_DIR` for the session: a fresh directory, so a tiny model is built by
+    this code (its cache key is its spec and the library versions, not the code that builds
+    it). Processes the tests start (Ray workers, CLIs) inherit it."""
+    name = "DGSTREAM_CACHE_DIR"  # workers.engine.models.cache_root
+    before = os.environ.get(name)
+    os.environ[name] = os.environ.get(SHARED_CACHE_ENV) or str(
+        tmp_path_factory.mktemp("dgstream-cache")
+    )
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 # --------------------------------------------------------------------------- names

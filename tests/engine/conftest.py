@@ -1,4 +1,5 @@
-"""A real tiny DiffusionGemma (random weights, fixed seed) shared by the engine tests."""
+"""A real tiny DiffusionGemma (random weights, fixed seed) shared by the engine tests, built
+into the session's own model cache (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tiny_model_dir() -> Any:
     from workers.engine.models import ensure_tiny_model
 
     return ensure_tiny_model()

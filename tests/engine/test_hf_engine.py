@@ -296,3 +296,18 @@ def test_a_jev_body_is_answered_with_its_usage_counted(tiny_engine: Any, tiny_ch
     assert out.usage.input_tokens == res.diagnostics.input_tokens
     assert out.answers["urgency"].score == pytest.approx(urgency.expected_score - 1, abs=1e-6)
     assert out.answers["spam"].noul == res.answers["spam"].p_yes
+
+
+def test_the_tiny_model_is_built_by_this_session(
+    tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Not a copy an earlier run left under $HOME: the session's own cache (tests/conftest.py)
+    unless a shared one is named on purpose."""
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ["DGSTREAM_CACHE_DIR"])
+    assert Path(tiny_model_dir).is_relative_to(root)
+    if not os.environ.get("DGSTREAM_TEST_CACHE_DIR"):
+        assert root.is_relative_to(tmp_path_factory.getbasetemp())
+        assert not root.is_relative_to(Path.home() / ".cache")

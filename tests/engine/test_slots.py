@@ -73,6 +73,10 @@ def test_crafted_tokenizer_accepts_good_labels(crafted_encode: Any) -> None:
         (("zz", "x"), ErrorCode.LABEL_NOT_SINGLE_TOKEN, "zz"),
         # "w" merges with the following newline: same length, two positions differ.
         (("x", "w"), ErrorCode.LABEL_POSITION_MISMATCH, "w"),
+        # Each label is one token at one position, but "xw" lands one position later than
+        # "y" ("w" merges with the newline after it): not the same slot.
+        (("x", "y", "xw"), ErrorCode.LABEL_POSITION_MISMATCH, "xw"),
+        (("x", "xw", "y"), ErrorCode.LABEL_POSITION_MISMATCH, "y"),
         # Lower-casing makes "X" the same token as "x".
         (("x", "X"), ErrorCode.DUPLICATE_LABEL_TOKEN, "X"),
         (("x", "y", "Y"), ErrorCode.DUPLICATE_LABEL_TOKEN, "y"),
@@ -88,6 +92,49 @@ def test_bad_labels_are_refused(
     assert err.code == code
     assert err.field == "questions.a"
     assert "questions.a" in err.message and repr(named) in err.message
+
+
+@pytest.mark.parametrize(
+    ("template_len", "width"),
+    [(0, 16), (14, 16), (15, 16), (16, 32), (31, 32), (32, 48), (47, 48), (48, 64)],
+)
+def test_canvas_width_counts_the_end_of_turn(template_len: int, width: int) -> None:
+    """Template plus end-of-turn, rounded up to a multiple of 16: 15 template tokens fill a
+    16-slot canvas, 16 need the next size up."""
+    assert canvas_width(template_len) == width
+
+
+@pytest.mark.parametrize(("qid_chars", "fits"), [(13, True), (14, False)])
+def test_template_at_the_edge_of_the_canvas(
+    crafted_encode: Any, qid_chars: int, fits: bool
+) -> None:
+    qid = "abcdefghijklmn"[:qid_chars]  # "<qid>: x" is qid_chars + 2 tokens
+    spec = [(qid, ("x", "y"))]
+    assert len(crafted_encode(f"{qid}: x")) == qid_chars + 2
+    if fits:
+        layout = resolve_layout(crafted_encode, spec, eot_id=0, max_width=16)
+        assert layout.width == 16 and len(layout.template_ids) == 15
+        return
+    assert resolve_layout(crafted_encode, spec, eot_id=0, max_width=32).width == 32
+    with pytest.raises(RequestRejected) as info:
+        resolve_layout(crafted_encode, spec, eot_id=0, max_width=16)
+    err = info.value.error
+    assert (err.code, err.field) == (ErrorCode.TEMPLATE_TOO_LONG, f"questions.{qid}")
+    assert "needs 17 canvas positions, more than the served canvas of 16" in err.message
+
+
+@pytest.mark.parametrize(("second", "chunks"), [("ghij", [("abcdef", "ghij")]), ("ghijk", None)])
+def test_chunks_split_exactly_when_the_joint_template_overflows(
+    crafted_encode: Any, second: str, chunks: list[tuple[str, ...]] | None
+) -> None:
+    """8 + 1 + 6 = 15 template tokens share a 16-slot canvas; 8 + 1 + 7 = 16 do not."""
+    spec = [("abcdef", ("x", "y")), (second, ("x", "y"))]
+    got = [c.qids for c in LayoutCache(crafted_encode, 0, max_width=16).chunks(spec)]
+    assert got == (chunks or [("abcdef",), (second,)])
+    if chunks is None:
+        with pytest.raises(RequestRejected) as info:
+            resolve_layout(crafted_encode, spec, eot_id=0, max_width=16)
+        assert info.value.error.field == "questions"  # several questions: no single culprit
 
 
 def test_template_longer_than_canvas_for_a_lone_question(tiny_chat: Any) -> None:

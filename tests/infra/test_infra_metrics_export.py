@@ -26,6 +26,7 @@ import inspect, json, os, sys, time, urllib.request
 import ray
 
 temp_dir, metrics_port, dashboard_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+done_path = os.path.join(temp_dir, "scraped")  # written once the driver is done
 ray.init(
     address="local", num_cpus=1, include_dashboard=True, dashboard_port=dashboard_port,
     _metrics_export_port=metrics_port, _temp_dir=temp_dir, log_to_driver=False,
@@ -54,9 +55,10 @@ def record():
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
     controller_metrics.publish("infra-test", **kwargs)
-    # Keep the process (and its gauges: Ray drops a gauge whose process is idle or gone)
-    # alive for longer than the parent scrapes; the parent cancels it.
-    time.sleep(200)
+    # Keep the process (and its gauges) alive until the driver has scraped them.
+    deadline = time.time() + 200
+    while not os.path.exists(done_path) and time.time() < deadline:
+        time.sleep(0.1)
     return True
 
 ref = record.remote()
@@ -78,7 +80,8 @@ for _ in range(30):
     time.sleep(1)
 sd = json.loads(open(sd_path).read()) if os.path.exists(sd_path) else None
 print(json.dumps({"names": sorted(names), "sd": sd}))
-ray.cancel(ref, force=True)
+open(done_path, "w").close()
+assert ray.get(ref, timeout=60)
 ray.shutdown()
 """
 

@@ -158,10 +158,15 @@ def test_steady_half_load_does_not_flap(
         producer = SteadyProducer(kafka_connection, io.input, STEADY_RATE).start()
         try:
             t_start = time.time()
-            time.sleep(WARMUP_S)
-            t_measure = time.time()
-            time.sleep(MEASURE_S)
-            t_end = time.time()
+            t_measure, t_end = t_start + WARMUP_S, t_start + WARMUP_S + MEASURE_S
+            # The windows are the controller's: wait until it has decided past their end
+            # (a controller that stalls then fails here, not with an empty window).
+            wait_for(
+                lambda: any(x["time"] >= t_end for x in timeline(ctl, name)),
+                WARMUP_S + MEASURE_S + 120,
+                "the controller's decisions through the measured window",
+                every_s=1.0,
+            )
         finally:
             producer.stop()
         assert producer.error is None, producer.error
@@ -235,9 +240,18 @@ def test_broker_outage_is_not_a_reason_to_scale_in(gpu_cluster: Any, tmp_path: P
             broker.kill_node(1, home)  # same home, port and data for the restart
             down_at = time.time()
             seen: list[dict[str, Any]] = []
-            while time.time() < down_at + OUTAGE_S:
+
+            def outage_outlasts_the_window() -> bool:
+                # The pool's size as `dgstream status` reads it, sampled while waiting.
                 seen.append(pipeline_status(ctl, name))
-                time.sleep(1.0)
+                return any(x["time"] >= down_at + OUTAGE_S for x in timeline(ctl, name))
+
+            wait_for(
+                outage_outlasts_the_window,
+                OUTAGE_S + 120,
+                "controller decisions past the scale-in window with the broker down",
+                every_s=1.0,
+            )
             up_at = time.time()
             broker.restart_node(1, home)
             back = wait_for(

@@ -17,11 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import typesafe_sdk as sdk  # a dev extra: CI installs it, so its absence fails
 
 from schemas import ClassificationRequest, ClassificationResult, encode_output, parse_request
 from schemas import record_id as make_record_id
-
-sdk = pytest.importorskip("typesafe_sdk", reason="typesafe-sdk is a dev extra")
 
 pytestmark = pytest.mark.unit
 
