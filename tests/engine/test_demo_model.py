@@ -87,19 +87,6 @@ def test_the_check_fails_on_miswired_results(held_out_results: Any, miswiring: s
     assert_miswiring_caught(dt.check(dt.score_results(examples, bad)))
 
 
-<<<<<<< HEAD
-@pytest.mark.unit
-def test_committed_training_log_passed_its_own_check() -> None:
-    """The training script's own check of the committed weights passed (2,000 held-out
-    requests, the engine in bf16 on the GPU); the tests above repeat it on the CPU."""
-    held = committed_log_check()
-    assert held["requests"] >= 2000
-    assert held["passed"] is True, held
-    assert all(held["accuracy"][k] >= dt.ACCURACY_FLOOR for k in KINDS), held
-
-
-=======
->>>>>>> mutation
 @pytest.mark.model
 def test_demo_model_ships_with_its_tokenizer() -> None:
     from transformers import AutoTokenizer
