@@ -20,8 +20,12 @@ from typing import Any
 from schemas import ClassificationRequest, ClassificationResult, ErrorCode, RequestError
 from schemas import parse_request as _parse
 from workers.engine.classifier import Classifier
-from workers.engine.types import EngineUnavailable, FatalEngineError, RecoverableEngineError
-from workers.engine.vllm_backend import ReadRejected
+from workers.engine.types import (
+    EngineUnavailable,
+    FatalEngineError,
+    ReadRejected,
+    RecoverableEngineError,
+)
 from workers.outage import Outage
 
 __all__ = ["PROBE", "BatchClassifier"]

@@ -38,6 +38,7 @@ from workers.engine.types import (
     EngineUnavailable,
     FatalEngineError,
     Read,
+    ReadRejected,
     RecoverableEngineError,
     Slot,
 )
@@ -45,7 +46,6 @@ from workers.engine.vllm_backend import (
     MAX_LOGPROB_TOKEN_IDS as OUR_MAX_LOGPROB_TOKEN_IDS,
 )
 from workers.engine.vllm_backend import (
-    ReadRejected,
     VllmEngine,
     VllmRemoteEngine,
     VllmRemoteSettings,

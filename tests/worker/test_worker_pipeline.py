@@ -26,10 +26,10 @@ from workers.engine.factory import EngineSettings, build_classifier
 from workers.engine.types import (
     FatalEngineError,
     Read,
+    ReadRejected,
     ReadResult,
     RecoverableEngineError,
 )
-from workers.engine.vllm_backend import ReadRejected
 from workers.kafka_admin import ensure_topics
 from workers.worker import WorkerFailed
 

@@ -6,7 +6,7 @@ questions or answers; they see token ids, slot positions and label ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -76,6 +76,30 @@ class EngineError(Exception):
 
 class RecoverableEngineError(EngineError):
     """The batch may succeed if retried (or split): a timeout, a transient OOM."""
+
+
+class ReadRejected(RecoverableEngineError):
+    """The engine refused one or more reads of a batch at admission (vLLM's validation of a
+    request, say).
+
+    Retrying the same read cannot help: dead-letter `rejected` and keep `results` (the reads
+    that did succeed; None where a read was rejected or failed transiently). Catch this before
+    `RecoverableEngineError`, whose other cases are worth a retry.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        reason: str,
+        *,
+        rejected: Mapping[int, str] | None = None,
+        results: Sequence[ReadResult | None] = (),
+    ) -> None:
+        self.index = index
+        self.reason = reason
+        self.rejected: dict[int, str] = dict(rejected) if rejected else {index: reason}
+        self.results: list[ReadResult | None] = list(results)
+        super().__init__(f"read {index} rejected by the engine: {reason}")
 
 
 class EngineUnavailable(RecoverableEngineError):

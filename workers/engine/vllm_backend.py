@@ -58,6 +58,7 @@ from workers.engine.types import (
     EngineUnavailable,
     FatalEngineError,
     Read,
+    ReadRejected,
     ReadResult,
     RecoverableEngineError,
     Slot,
@@ -74,29 +75,6 @@ MAX_LOGPROB_TOKEN_IDS = 128
 DIFFUSION_GEMMA_VOCAB = 262_144
 # vLLM 0.33 resets DiffusionGemma's max_num_seqs to 8 from 128 up (see VllmSettings).
 MAX_NUM_SEQS = 127
-
-
-class ReadRejected(RecoverableEngineError):
-    """vLLM refused one or more reads of a batch at admission (a validation error).
-
-    Retrying the same read cannot help: dead-letter `rejected` and keep `results` (the reads
-    that did succeed; None where a read was rejected or failed transiently). Catch this before
-    `RecoverableEngineError`, whose other cases are worth a retry.
-    """
-
-    def __init__(
-        self,
-        index: int,
-        reason: str,
-        *,
-        rejected: Mapping[int, str] | None = None,
-        results: Sequence[ReadResult | None] = (),
-    ) -> None:
-        self.index = index
-        self.reason = reason
-        self.rejected: dict[int, str] = dict(rejected) if rejected else {index: reason}
-        self.results: list[ReadResult | None] = list(results)
-        super().__init__(f"read {index} rejected by vLLM: {reason}")
 
 
 class VllmSettings(BaseModel):
@@ -782,7 +760,6 @@ def _classify_http_error(exc: BaseException) -> tuple[str, str]:
 
 __all__ = [
     "MAX_LOGPROB_TOKEN_IDS",
-    "ReadRejected",
     "VllmEngine",
     "VllmRemoteEngine",
     "VllmRemoteSettings",
