@@ -3,6 +3,8 @@
 # each from its own starting point, with the held-out check at the end of each.
 #   bench/gpu_round.sh NAME_A "ARGS_A" NAME_B "ARGS_B"
 # Outputs: build/NAME_{A,B}/ (weights, train_log.json); logs and weights copied to $OUT.
+# .whl/ holds the cp312 wheels the image lacks: pydantic, pydantic_core, annotated_types,
+# typing_inspection (the engine reads the contract's question model), tokenizers if absent.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1

@@ -37,8 +37,9 @@ did not find in thousands of steps (docs/benchmarks.md, rounds 9-12). The model 
 read are unchanged: the loss only shapes training.
 
 Weights are saved in fp16 (7.3 MB; fp32 would be 14.5) and the held-out check runs on the
-saved file. Needs torch, transformers, tokenizers, numpy; NOT pydantic (no `schemas`, no
-`Classifier`: the held-out check here drives `TransformersEngine` directly).
+saved file. Needs torch, transformers, tokenizers, numpy and pydantic (the engine reads the
+contract's question model; no `Classifier`: the held-out check here drives
+`TransformersEngine` directly).
 
     python -m bench.train_demo_model --smoke                      # 20 CPU steps, < 1 min
     python -m bench.train_demo_model --device cuda --steps auto --budget-s 200 --out DIR
@@ -266,7 +267,7 @@ def request_reads(
 
     `seed` plays the part of the classifier's base seed: the noise seed is
     `noise_seed(seed, request id, chunk question ids, 0)` as in `Classifier._run`."""
-    questions = {qid: demo_tasks.question_view(q) for qid, q in ex.request["questions"].items()}
+    questions = demo_tasks.questions_of(ex.request)
     spec = [(qid, labels_and_answers(q)[0]) for qid, q in questions.items()]
     out = []
     for layout in layouts.chunks(spec):
@@ -593,9 +594,9 @@ def engine_check(
     seconds = time.perf_counter() - t0
     scored, masses = [], []
     for ex, read, res in zip(owners, reads, results, strict=True):
+        questions = demo_tasks.questions_of(ex.request)
         for slot, sr in zip(read.slots, res.slots, strict=True):
-            q = ex.request["questions"][slot.question_id]
-            _, answers = labels_and_answers(demo_tasks.question_view(q))
+            _, answers = labels_and_answers(questions[slot.question_id])
             top = int(np.argmax(sr.probs))
             task = ex.tasks[slot.question_id].task
             scored.append(

@@ -789,48 +789,6 @@ MISWIRINGS = {"swap_labels": miswire_swap_labels, "shift_results": miswire_shift
 # --------------------------------------------------------------------------- helpers
 
 
-def kind_of(question: Mapping[str, Any]) -> str:
-    """`yes_no`, `choice` or `score` for a wire question dict."""
-    t = question["type"]
-    return "yes_no" if t in ("noul", "yes_no") else str(t)
-
-
-@dataclass(frozen=True)
-class _Criteria:
-    true: str | None = None
-    false: str | None = None
-
-
-@dataclass(frozen=True)
-class QuestionView:
-    """Duck-typed question for `workers.engine.template` (which reads only these
-    attributes): lets training build reads without pydantic."""
-
-    type: str
-    instructions: str
-    criteria: Any = None
-    depends_on: tuple[str, ...] = ()
-    ask_if: Mapping[str, Sequence[str]] | None = None
-
-
-def question_view(question: Mapping[str, Any]) -> QuestionView:
-    raw: Any = question.get("criteria")
-    crit: Any
-    if kind_of(question) == "yes_no":
-        crit = None if raw is None else _Criteria(raw.get("true"), raw.get("false"))
-    elif kind_of(question) == "choice":
-        crit = dict(raw)
-    else:
-        crit = list(raw)
-    return QuestionView(
-        type=question["type"],
-        instructions=question["instructions"],
-        criteria=crit,
-        depends_on=tuple(question.get("depends_on", ())),
-        ask_if=question.get("ask_if"),
-    )
-
-
 def validate(request: Mapping[str, Any]) -> Any:
     """`schemas.parse_request` on the request's JSON; raises ValueError if refused."""
     import json
@@ -841,6 +799,12 @@ def validate(request: Mapping[str, Any]) -> Any:
     if isinstance(parsed, RequestError):
         raise ValueError(f"invalid demo request {request.get('id')!r}: {parsed}")
     return parsed
+
+
+def questions_of(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's questions as the contract's models (`schemas.Question`), the way the
+    engine takes them."""
+    return dict(validate(request).questions)
 
 
 __all__ = [
@@ -860,7 +824,6 @@ __all__ = [
     "WORD_LISTS",
     "CheckReport",
     "Example",
-    "QuestionView",
     "ScoredRead",
     "TaskQuestion",
     "answer_name",
@@ -875,12 +838,11 @@ __all__ = [
     "held_out_examples",
     "held_out_seeds",
     "is_shouting",
-    "kind_of",
     "language_of",
     "miswire_shift_results",
     "miswire_swap_labels",
     "numbers_in",
-    "question_view",
+    "questions_of",
     "sample_events",
     "score_results",
     "topic_of",

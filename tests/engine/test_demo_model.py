@@ -169,13 +169,13 @@ def test_generation_is_deterministic_and_valid() -> None:
     kinds: set[str] = set()
     sizes: set[int] = set()
     for request, truth in first:
-        dt.validate(request)  # raises when refused
+        parsed = dt.validate(request)  # raises when refused
         assert set(truth) == set(request["questions"])
         assert 1 <= len(truth) <= dt.MAX_QUESTIONS
         assert len(request["state"].split()) <= 40
         sizes.add(len(truth))
         for qid, q in request["questions"].items():
-            kinds.add(dt.kind_of(q))
+            kinds.add(parsed.questions[qid].kind)
             if q["type"] == "choice" or q["type"] == "score":
                 assert truth[qid] in q["criteria"]
             else:
@@ -230,9 +230,10 @@ def test_check_detects_miswiring_on_perfect_results() -> None:
     results = []
     for ex in examples:
         answers = {}
+        questions = dt.questions_of(ex.request)
         for qid, want in ex.truth.items():
             q = ex.request["questions"][qid]
-            kind = dt.kind_of(q)
+            kind = questions[qid].kind
             if kind == "yes_no":
                 answers[qid] = {
                     "type": "yes_no",

@@ -40,7 +40,6 @@ from workers.engine.template import (
     labels_and_answers,
     make_read,
     noise_seed,
-    question_kind,
     system_text,
     user_text,
 )
@@ -220,7 +219,7 @@ class Classifier:
             q = chunk.questions[qid]
             agg = aggregate([r[i] for r in chunk.reads])
             _, names = labels_and_answers(q)
-            kind = question_kind(q)
+            kind = q.kind
             if kind == "yes_no":
                 job.answers[qid] = yes_no_answer(agg)
             elif kind == "choice":

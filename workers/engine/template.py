@@ -23,41 +23,30 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from schemas.request import ChoiceQuestion, YesNoQuestion
 from workers.engine.types import Read, Slot
 
 if TYPE_CHECKING:
-    from schemas import RequestRejected
-# `schemas` (pydantic) is imported where an error is raised, so that training and GPU
-# benchmark scripts can build reads on machines without pydantic.
+    from schemas import Question, RequestRejected
 
-# Canvas widths are multiples of 16 (the issue's rule; it also keeps batch shapes few).
+# Canvas widths are multiples of 16, the project's choice from its first layout: few widths
+# keep batch shapes (and a backend's compiled graphs) few, and the demo model was trained so.
 CANVAS_QUANTUM = 16
 _LETTERS = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
-# A score level given as null is named by its 0-based position, as `schemas` names it.
-_NULL_LEVEL = "level {}"
 
 
-def question_kind(question: Any) -> str:
-    """`yes_no`, `choice` or `score` (the wire accepts `noul` as yes/no)."""
-    t = question.type
-    return "yes_no" if t in ("noul", "yes_no") else str(t)
-
-
-def labels_and_answers(question: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The label tokens the model writes, and the answer each stands for, in order."""
-    kind = question_kind(question)
-    if kind == "yes_no":
-        return ("yes", "no"), ("yes", "no")
-    if kind == "choice":
-        names = tuple(question.criteria.keys())
-        return tuple(_LETTERS[: len(names)]), names
-    levels = tuple(
-        _NULL_LEVEL.format(i) if level is None else level
-        for i, level in enumerate(question.criteria)
-    )
+def labels_and_answers(question: Question) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The label tokens the model writes, and the answer each stands for, in order. The
+    answers and the kind are the contract's (`Question.answers`, `Question.kind`); the
+    labels are the engine's: yes/no as themselves, options A..Z, levels 1..9 then letters."""
+    answers = question.answers
+    if question.kind == "yes_no":
+        return answers, answers
+    if question.kind == "choice":
+        return tuple(_LETTERS[: len(answers)]), answers
     # 1..9 then letters: "9" is the last one-character digit.
-    labels = tuple(str(i + 1) if i < 9 else _LETTERS[i - 9] for i in range(len(levels)))
-    return labels, levels
+    labels = tuple(str(i + 1) if i < 9 else _LETTERS[i - 9] for i in range(len(answers)))
+    return labels, answers
 
 
 # --------------------------------------------------------------------------- texts
@@ -69,7 +58,7 @@ def _heading(qid: str, what: str, instructions: str | None) -> str:
     return head if instructions is None else f"{head}: {instructions}"
 
 
-def system_text(questions: Mapping[str, Any]) -> str:
+def system_text(questions: Mapping[str, Question]) -> str:
     """The questions as the model reads them. The demo model was trained on this text: a
     request that could be written before (instructions and level names all text) must keep
     getting the same bytes."""
@@ -79,16 +68,15 @@ def system_text(questions: Mapping[str, Any]) -> str:
         "",
     ]
     for qid, q in questions.items():
-        kind = question_kind(q)
         labels, answers = labels_and_answers(q)
-        if kind == "yes_no":
+        if isinstance(q, YesNoQuestion):
             lines.append(_heading(qid, "yes/no", q.instructions))
             crit = q.criteria
             if crit is not None and crit.true:
                 lines.append(f"  yes: {crit.true}")
             if crit is not None and crit.false:
                 lines.append(f"  no: {crit.false}")
-        elif kind == "choice":
+        elif isinstance(q, ChoiceQuestion):
             lines.append(_heading(qid, "choice", q.instructions))
             for label, name in zip(labels, answers, strict=True):
                 desc = q.criteria[name]
