@@ -22,6 +22,7 @@ from schemas._common import (
 )
 from schemas._version import SCHEMA_VERSION
 from schemas.errors import ErrorCode, RequestError
+from schemas.names import TOPIC_CHARS
 from schemas.request import (
     MAX_ID_CHARS,
     MAX_QUESTIONS,
@@ -42,8 +43,8 @@ class ParseLimits(BaseModel):
 
 
 DEFAULT_LIMITS = ParseLimits()
-_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
-_NOT_TOPIC_CHARS = re.compile(r"[^a-zA-Z0-9._-]")
+_TOPIC_NAME = re.compile(f"[{TOPIC_CHARS}]+")
+_NOT_TOPIC_CHARS = re.compile(f"[^{TOPIC_CHARS}]")
 
 
 class FallbackId(NamedTuple):

@@ -9,7 +9,6 @@ answers in the prompt) or be asked only when another question's answer is among 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -27,6 +26,7 @@ from schemas._common import LIMITS_CTX, RequestModel, fail, has_control, json_ty
 from schemas._version import SchemaVersion
 from schemas.content import CONTENT_SCHEMA, NULL_LEVEL_NAME, Content, json_depth, to_text
 from schemas.errors import ErrorCode, RequestRejected
+from schemas.names import QUESTION_ID_PATTERN, TOPIC_PATTERN, is_question_id
 
 QuestionKind = Literal["yes_no", "choice", "score"]
 # Where a request's id came from: its body, the record's key, or the record's
@@ -48,10 +48,7 @@ MIN_AUTO_MAX = 2
 MAX_METADATA_DEPTH = 64
 MAX_MODEL_CHARS = 128
 
-_QUESTION_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
-_QUESTION_ID_RE = re.compile(_QUESTION_ID_PATTERN[1:-1])
 _ID_PATTERN = r"^[^\x00-\x1F\x7F-\x9F]+$"
-_TOPIC_PATTERN = r"^[a-zA-Z0-9._-]{1,249}$"
 _YES_NO_ANSWERS = ("yes", "no")
 
 
@@ -405,7 +402,7 @@ class ClassificationRequest(RequestModel):
             Field(
                 min_length=1,
                 max_length=MAX_QUESTIONS,
-                json_schema_extra={"propertyNames": {"pattern": _QUESTION_ID_PATTERN}},
+                json_schema_extra={"propertyNames": {"pattern": QUESTION_ID_PATTERN}},
             ),
         ]
         | None
@@ -444,7 +441,7 @@ class ClassificationRequest(RequestModel):
     )
     reply_topic: str | None = Field(
         default=None,
-        pattern=_TOPIC_PATTERN,
+        pattern=TOPIC_PATTERN,
         description='Kafka topic for the result instead of the configured one; not "." or "..".',
     )
     metadata: dict[str, Any] = Field(
@@ -485,10 +482,10 @@ class ClassificationRequest(RequestModel):
                 f"{len(value)} questions; at most {most} are allowed",
             )
         for qid in value:
-            if not isinstance(qid, str) or not _is_question_id(qid):
+            if not isinstance(qid, str) or not is_question_id(qid):
                 raise fail(
                     ErrorCode.INVALID_QUESTION_ID,
-                    f"question id {qid!r} must match {_QUESTION_ID_PATTERN}",
+                    f"question id {qid!r} must match {QUESTION_ID_PATTERN}",
                     f"questions.{qid}",
                 )
         return value
@@ -554,7 +551,3 @@ class ClassificationRequest(RequestModel):
     def stages(self) -> list[list[str]]:
         """`question_order` of this request's questions ([] for a question_set request)."""
         return question_order(self.questions) if self.questions is not None else []
-
-
-def _is_question_id(qid: str) -> bool:
-    return _QUESTION_ID_RE.fullmatch(qid) is not None

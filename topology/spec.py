@@ -24,12 +24,12 @@ from pydantic import (
 )
 
 from schemas import OutputFormat, Question
+from schemas.names import TOPIC_PATTERN
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
 from workers.routes import Route, check_routes
 from workers.settings import Batching
 
-_TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
 
 
@@ -95,8 +95,8 @@ class AutoscaleSpec(_Frozen):
 class PipelineSpec(_Frozen):
     name: str = Field(pattern=_NAME)
     input_topics: list[str] = Field(min_length=1)
-    output_topic: str = Field(pattern=_TOPIC)
-    dead_letter_topic: str = Field(pattern=_TOPIC)
+    output_topic: str = Field(pattern=TOPIC_PATTERN)
+    dead_letter_topic: str = Field(pattern=TOPIC_PATTERN)
     consumer_group: str = Field(min_length=1, max_length=249)
     topics: TopicSpec = Field(default_factory=TopicSpec)
     question_sets: list[str] = Field(default_factory=list)
@@ -122,7 +122,7 @@ class PipelineSpec(_Frozen):
         import re
 
         for t in self.input_topics:
-            if not re.match(_TOPIC, t):
+            if not re.match(TOPIC_PATTERN, t):
                 raise ValueError(f"input topic {t!r} is not a valid Kafka topic name")
         if self.output_topic in self.input_topics or self.dead_letter_topic in self.input_topics:
             raise ValueError("output and dead-letter topics must differ from the input topics")

@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.names import is_question_id
+
 # --------------------------------------------------------------------------- word lists
 # Every word here is in the tokenizer's word list (workers/engine/tokenizer.py `_WORDS`);
 # tests/engine/test_demo_model.py checks it. The lists do not overlap.
@@ -184,7 +186,6 @@ _IDS: dict[str, tuple[str, ...]] = {
 # Held-out requests use seeds from here on; training seeds stay below.
 HELD_OUT_BASE = 1 << 40
 MAX_QUESTIONS = 4
-QUESTION_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
 # --------------------------------------------------------------------------- truth
@@ -330,7 +331,7 @@ def _question_id(rng: random.Random, task: str, q: TaskQuestion, taken: set[str]
             qid = f"q{rng.randint(1, 9)}"
         else:
             qid = rng.choice(_IDS[task]).format(t=q.threshold, l=q.word_list)
-        if qid not in taken and QUESTION_ID_RE.match(qid):
+        if qid not in taken and is_question_id(qid):
             return qid
     n = 1
     while f"q{n}" in taken:

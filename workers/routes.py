@@ -40,7 +40,15 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from schemas import ChoiceAnswer, ClassificationResult, ScoreAnswer, SkippedAnswer, YesNoAnswer
+from schemas import (
+    ChoiceAnswer,
+    ClassificationResult,
+    QuestionKind,
+    ScoreAnswer,
+    SkippedAnswer,
+    YesNoAnswer,
+)
+from schemas.names import TOPIC_PATTERN, is_question_id
 
 __all__ = [
     "DEFAULT_ROUTE",
@@ -65,11 +73,9 @@ MAX_ROUTES = 100
 DEFAULT_ROUTE = "default"  # no route matched: the pipeline's output topic
 REPLY_ROUTE = "reply"  # the request named its own reply_topic
 
-_TOPIC = r"^[a-zA-Z0-9._-]{1,249}$"
 _ROUTE_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-_QUESTION_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
-Kind = Literal["yes_no", "choice", "score"]
+Kind = QuestionKind  # the contract's kinds
 ValueType = Literal["number", "text", "bool"]
 Value = float | str | bool | None  # None: unknown
 
@@ -341,7 +347,7 @@ class _Parser:
         attr = self.take()
         if attr.kind != "name":
             raise RouteError(f"expected a field name after '{tok.text}.'", attr.pos)
-        if not _QUESTION_ID.fullmatch(tok.text):
+        if not is_question_id(tok.text):
             raise RouteError(f"{tok.text!r} is not a question id", tok.pos)
         if attr.text not in FIELDS:
             raise RouteError(f"unknown field {attr.text!r}; fields: {', '.join(FIELDS)}", attr.pos)
@@ -748,7 +754,7 @@ class Route(BaseModel):
     # The condition over the answers, e.g. `0.4 <= toxic.p_yes < 0.9` (docs/routes.md).
     when: str
     # Where the results for which `when` holds go.
-    topic: str = Field(pattern=_TOPIC)
+    topic: str = Field(pattern=TOPIC_PATTERN)
     _condition: Condition | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")

@@ -8,7 +8,6 @@ never prints them.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,6 +20,7 @@ from schemas import (
     RequestRejected,
     question_order,
 )
+from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
 from workers.routes import Route, check_routes
@@ -38,11 +38,9 @@ __all__ = [
 
 Delivery = Literal["at_least_once", "exactly_once"]
 
-_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 # Pipeline names go into actor names, client ids, transactional ids and instance ids
 # (the topology spec uses the same rule).
 _NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-_QUESTION_ID_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
 class _Frozen(BaseModel):
@@ -245,7 +243,7 @@ class WorkerSettings(_Frozen):
     @classmethod
     def _topic_names(cls, value: str | list[str]) -> str | list[str]:
         for name in [value] if isinstance(value, str) else value:
-            if not _TOPIC_RE.match(name) or name in (".", ".."):
+            if not is_topic_name(name):
                 raise ValueError(f"{name!r} is not a valid Kafka topic name")
         return value
 
@@ -258,10 +256,10 @@ class WorkerSettings(_Frozen):
             if not questions:
                 raise ValueError(f"question set {name!r} has no questions")
             for qid in questions:
-                if not _QUESTION_ID_RE.match(qid):
+                if not is_question_id(qid):
                     raise ValueError(
                         f"question set {name!r}: question id {qid!r} must match "
-                        f"{_QUESTION_ID_RE.pattern}"
+                        f"{QUESTION_ID_PATTERN}"
                     )
             try:
                 question_order(questions)

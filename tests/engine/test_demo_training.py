@@ -17,6 +17,7 @@ import pytest
 
 from bench import train_demo_model as T
 from bench.attention_entropy import layer_entropies
+from schemas.names import is_question_id
 from workers import demo_tasks
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
@@ -133,7 +134,7 @@ def _added(
             assert out is ex
             continue
         (qid,) = new
-        assert demo_tasks.QUESTION_ID_RE.match(qid)
+        assert is_question_id(qid)
         yield s, ex, out, qid
 
 
