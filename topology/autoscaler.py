@@ -97,34 +97,57 @@ class Autoscaler:
         second over the pool); it holds replicas against scale-in (see the module doc)."""
         p = self.policy
         if lag is None:
-            # Nothing is known about the time without a measurement: after it, scale-in
-            # waits for a whole window of measurements again.
-            self._since = None
-            self._history.clear()
-            return Decision(
-                now,
-                current,
-                current,
-                None,
-                None,
-                f"keep {current}: lag unknown "
-                f"({error or 'query failed'}); a failed query is not a lag of zero",
-            )
+            return self._unknown(now, current, error)
         rec, why = self.recommend(lag, partitions, gpus)
         if current == 0 and lag <= p.activation_lag and p.min_replicas == 0:
             rec, why = 0, f"lag {lag} <= activation {p.activation_lag}: stay inactive"
         cap = max(0, min(p.max_replicas, partitions, gpus))
-        # What scale-in may go down to: the lag's recommendation, or the replicas the
-        # engines' load needs, whichever is higher.
-        hold, needed = rec, None
-        if busy is not None:
-            needed = min(cap, math.ceil(busy / p.busy_target - 1e-9)) if busy > 0 else 0
-            if needed > rec:
-                hold = needed
-                why += (
-                    f"; engines busy {busy:.2f} replicas' worth / target "
-                    f"{p.busy_target:g} -> hold {needed}"
-                )
+        hold, needed, why = self._hold(rec, busy, cap, why)
+        out_window, in_window = self._remember(now, rec, hold)
+        desired, reason = self._windowed(now, current, rec, hold, out_window, in_window, why)
+        # The floor and the cap hold even against the windows.
+        floor = min(p.min_replicas, cap)
+        if desired > cap:
+            desired, reason = cap, f"scale in {current} -> {cap}: above the cap ({why})"
+        elif desired < floor:
+            desired, reason = floor, f"scale out {current} -> {floor}: below min_replicas"
+        return Decision(now, current, desired, lag, rec, reason, needed)
+
+    def _unknown(self, now: float, current: int, error: str) -> Decision:
+        # Nothing is known about the time without a measurement: after it, scale-in
+        # waits for a whole window of measurements again.
+        self._since = None
+        self._history.clear()
+        return Decision(
+            now,
+            current,
+            current,
+            None,
+            None,
+            f"keep {current}: lag unknown "
+            f"({error or 'query failed'}); a failed query is not a lag of zero",
+        )
+
+    def _hold(
+        self, rec: int, busy: float | None, cap: int, why: str
+    ) -> tuple[int, int | None, str]:
+        """What scale-in may go down to: the lag's recommendation, or the replicas the
+        engines' load needs, whichever is higher; and that need (None without `busy`)."""
+        p = self.policy
+        if busy is None:
+            return rec, None, why
+        needed = min(cap, math.ceil(busy / p.busy_target - 1e-9)) if busy > 0 else 0
+        if needed <= rec:
+            return rec, needed, why
+        why += (
+            f"; engines busy {busy:.2f} replicas' worth / target {p.busy_target:g} -> hold {needed}"
+        )
+        return needed, needed, why
+
+    def _remember(self, now: float, rec: int, hold: int) -> tuple[list[int], list[int]]:
+        """Record this measurement; the recommendations within the scale-out window and the
+        holds within the scale-in window."""
+        p = self.policy
         if self._since is None:
             self._since = now
         self._history.append((now, rec, hold))
@@ -133,29 +156,34 @@ class Autoscaler:
             self._history.popleft()
         out_window = [r for t, r, _ in self._history if t >= now - p.scale_out_window_s]
         in_window = [h for t, _, h in self._history if t >= now - p.scale_in_window_s]
-        desired = current
-        reason = f"keep {current}: {why}"
+        return out_window, in_window
+
+    def _windowed(
+        self,
+        now: float,
+        current: int,
+        rec: int,
+        hold: int,
+        out_window: list[int],
+        in_window: list[int],
+        why: str,
+    ) -> tuple[int, str]:
+        """Scale out to the lowest recommendation of the scale-out window, in to the highest
+        hold of a full scale-in window; else keep."""
+        p = self.policy
+        since = now if self._since is None else self._since
         if rec > current:
             desired = max(current, min(out_window or [rec]))
             if desired > current:
-                reason = f"scale out {current} -> {desired}: {why}"
-            else:
-                reason = f"keep {current}: {why}; waiting out the scale-out window"
-        elif hold < current and now - self._since < p.scale_in_window_s:
-            reason = f"keep {current}: {why}; not yet a full scale-in window of history"
-        elif hold < current:
-            desired = min(current, max(in_window or [hold]))
-            if desired < current:
-                reason = f"scale in {current} -> {desired}: {why}"
-            else:
-                reason = (
-                    f"keep {current}: {why}; scale-in window "
-                    f"{p.scale_in_window_s:.0f}s not yet calm"
-                )
-        # The floor and the cap hold even against the windows.
-        floor = min(p.min_replicas, cap)
-        if desired > cap:
-            desired, reason = cap, f"scale in {current} -> {cap}: above the cap ({why})"
-        elif desired < floor:
-            desired, reason = floor, f"scale out {current} -> {floor}: below min_replicas"
-        return Decision(now, current, desired, lag, rec, reason, needed)
+                return desired, f"scale out {current} -> {desired}: {why}"
+            return current, f"keep {current}: {why}; waiting out the scale-out window"
+        if hold >= current:
+            return current, f"keep {current}: {why}"
+        if now - since < p.scale_in_window_s:
+            return current, f"keep {current}: {why}; not yet a full scale-in window of history"
+        desired = min(current, max(in_window or [hold]))
+        if desired < current:
+            return desired, f"scale in {current} -> {desired}: {why}"
+        return current, (
+            f"keep {current}: {why}; scale-in window {p.scale_in_window_s:.0f}s not yet calm"
+        )

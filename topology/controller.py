@@ -314,55 +314,67 @@ class PipelineRunner:
 
     def _poll_replicas(self, now: float) -> set[int]:
         """Every replica's status at once; returns the indexes whose actor died."""
-        from ray.exceptions import ActorDiedError, RayActorError
-
         with self._lock:
             reps = list(self.replicas.values())
+        done = self._ask_all(reps)
+        dead = {r.index for r in reps if self._read_status(r, done, now)}
+        self._update_rates(now)
+        return dead
+
+    def _ask_all(self, reps: list[_Replica]) -> set[Any]:
+        """Send each replica a status call (unless one is still out) and wait a while for
+        all; returns the refs that answered."""
         for r in reps:
             if r.pending is None:
                 r.pending = r.handle.status.remote()
-        refs = {r.index: r.pending for r in reps}
-        done: set[Any] = set()
-        if refs:
-            ready, _ = ray.wait(
-                list(refs.values()), num_returns=len(refs), timeout=self._status_wait()
-            )
-            done = set(ready)
-        dead: set[int] = set()
-        for r in reps:
-            ref = refs[r.index]
-            if ref not in done:
-                r.ready, r.state = False, "not answering"  # starting, busy, or unschedulable
-                continue
-            r.pending = None
-            try:
-                st = ray.get(ref, timeout=0)
-            except ActorDiedError:
-                r.ready, r.state = False, "dead"
-                if not r.draining:
-                    dead.add(r.index)
-                continue
-            except RayActorError:  # restarting (Ray restarts a crashed worker)
-                r.ready, r.state = False, "restarting"
-                continue
-            except Exception as exc:
-                r.ready, r.state = False, f"status failed: {type(exc).__name__}"
-                continue
-            r.state, r.ready = _worker_state(st)
-            if r.state in ("stopped", "failed") and not r.draining:
-                dead.add(r.index)  # alive but done consuming (stopped from outside)
-            done_now = int(st.get("answered", 0)) + int(st.get("dead_lettered", 0))
-            busy_now = float(st.get("engine_seconds", 0.0))
-            actor_id = st.get("actor_id")
-            same = actor_id == r.actor_id and done_now >= r.done
-            if r.seen_at is not None:
-                # A restarted actor counts from zero again.
-                d_done = done_now - r.done if same else done_now
-                d_busy = busy_now - r.busy_s if same else busy_now
-                # Overlapping engine calls can count more engine time than wall time.
-                self._done_total += max(0, d_done)
-                self._busy_total += min(max(0.0, d_busy), max(0.0, now - r.seen_at))
-            r.done, r.busy_s, r.actor_id, r.seen_at = done_now, busy_now, actor_id, now
+        refs = [r.pending for r in reps]
+        if not refs:
+            return set()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self._status_wait())
+        return set(ready)
+
+    def _read_status(self, r: _Replica, done: set[Any], now: float) -> bool:
+        """Update `r` from its status call's answer; True when the replica is gone for
+        good (its actor died, or it stopped consuming) and not draining."""
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        ref = r.pending
+        if ref not in done:
+            r.ready, r.state = False, "not answering"  # starting, busy, or unschedulable
+            return False
+        r.pending = None
+        try:
+            st = ray.get(ref, timeout=0)
+        except ActorDiedError:
+            r.ready, r.state = False, "dead"
+            return not r.draining
+        except RayActorError:  # restarting (Ray restarts a crashed worker)
+            r.ready, r.state = False, "restarting"
+            return False
+        except Exception as exc:
+            r.ready, r.state = False, f"status failed: {type(exc).__name__}"
+            return False
+        r.state, r.ready = _worker_state(st)
+        self._count(r, st, now)
+        # Alive but done consuming (stopped from outside).
+        return r.state in ("stopped", "failed") and not r.draining
+
+    def _count(self, r: _Replica, st: dict[str, Any], now: float) -> None:
+        """Add what `r` finished and its engine time since its last status to the totals."""
+        done_now = int(st.get("answered", 0)) + int(st.get("dead_lettered", 0))
+        busy_now = float(st.get("engine_seconds", 0.0))
+        actor_id = st.get("actor_id")
+        same = actor_id == r.actor_id and done_now >= r.done
+        if r.seen_at is not None:
+            # A restarted actor counts from zero again.
+            d_done = done_now - r.done if same else done_now
+            d_busy = busy_now - r.busy_s if same else busy_now
+            # Overlapping engine calls can count more engine time than wall time.
+            self._done_total += max(0, d_done)
+            self._busy_total += min(max(0.0, d_busy), max(0.0, now - r.seen_at))
+        r.done, r.busy_s, r.actor_id, r.seen_at = done_now, busy_now, actor_id, now
+
+    def _update_rates(self, now: float) -> None:
         self._samples.append((now, self._done_total, self._busy_total))
         while len(self._samples) > 2 and self._samples[1][0] <= now - _RATE_SPAN_S:
             self._samples.popleft()
@@ -370,7 +382,6 @@ class PipelineRunner:
         if now > t0:
             self.throughput = (self._done_total - done0) / (now - t0)
             self.busy = (self._busy_total - busy0) / (now - t0)
-        return dead
 
     # 2 ----------------------------------------------------------------------------
 

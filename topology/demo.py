@@ -86,11 +86,10 @@ def run_demo(
 ) -> int:
     """The demo; `ray_tmp` is the local Ray's own temp dir (topology.local_ray)."""
     import ray
-    from kafka import KafkaConsumer, KafkaProducer
 
     from infra.kafka import broker
     from topology.controller import start_controller
-    from workers.demo_tasks import MODERATION_QUESTIONS, sample_events
+    from workers.demo_tasks import MODERATION_QUESTIONS
     from workers.kafka_admin import ensure_topics
 
     t0 = time.perf_counter()
@@ -121,54 +120,13 @@ def run_demo(
 
         n = events if events is not None else 1_000_000
         print(f"4. producing {min(n, 10_000) if events else 'sample'} events ...", flush=True)
-        producer = KafkaProducer(bootstrap_servers=info.bootstrap, acks="all")
-        batch = sample_events(events if events is not None else 50, seed=int(time.time()) % 997)
-        for ev in batch:
-            producer.send(REQUESTS, key=ev["id"].encode(), value=json.dumps(ev).encode())
-        producer.send(REQUESTS, key=b"bad-1", value=b'{"id": "bad-1", "state": 42}')
-        producer.flush()
-        producer.close()
+        want = _produce(info.bootstrap, events)
 
-        consumer = KafkaConsumer(
-            RESULTS,
-            DEAD,
-            bootstrap_servers=info.bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            group_id=None,
-        )
         qids = list(MODERATION_QUESTIONS)
         print("5. answers (one denoising step each; 'ok'/'x' against the truth):", flush=True)
         print("   " + "  ".join(f"{q[:12]:16s}" for q in ["id", *qids]), flush=True)
-        want = len(batch)
         deadline = time.monotonic() + timeout_s
-        quiet_since = time.monotonic()
-        # One malformed message was sent too: wait for its dead letter as well.
-        while (len(answered) < want or not dead) and time.monotonic() < deadline:
-            polled = consumer.poll(timeout_ms=500)
-            if polled:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since > _QUIET_REPORT_S:
-                print(f"   (no answer for {_QUIET_REPORT_S:.0f}s: {_pool_line(ctl)})", flush=True)
-                quiet_since = time.monotonic()
-            for tp, records in polled.items():
-                for rec in records:
-                    if tp.topic == DEAD:
-                        dl = DeadLetter.model_validate_json(rec.value)
-                        dead.append(dl)
-                        print(f"   dead letter: {dl.error.code}: {dl.error.message}", flush=True)
-                        continue
-                    res = ClassificationResult.model_validate_json(rec.value)
-                    if res.id in answered:
-                        continue
-                    answered[res.id] = res
-                    truth = res.metadata.get("truth", {})
-                    cells = [_cell(res.answers[q].model_dump(), truth.get(q)) for q in qids]
-                    print(
-                        "   " + "  ".join(f"{c[:16]:16s}" for c in [res.id[-8:], *cells]),
-                        flush=True,
-                    )
-        consumer.close()
+        _collect(info.bootstrap, ctl, qids, want, deadline, answered, dead)
         _summary(answered, dead, qids, time.perf_counter() - t0)
         status = ray.get(ctl.status.remote(), timeout=60)
         p = status["pipelines"]["moderation"]
@@ -194,6 +152,81 @@ def run_demo(
         broker.stop(home=home, delete_data=True)
         shutil.rmtree(home, ignore_errors=True)
         print(f"6. stopped everything ({time.perf_counter() - t0:.1f}s in all)", flush=True)
+
+
+def _produce(bootstrap: str, events: int | None) -> int:
+    """The sample events (50 unless `events`), then one malformed request; returns how
+    many answers to wait for."""
+    from kafka import KafkaProducer
+
+    from workers.demo_tasks import sample_events
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    batch = sample_events(events if events is not None else 50, seed=int(time.time()) % 997)
+    for ev in batch:
+        producer.send(REQUESTS, key=ev["id"].encode(), value=json.dumps(ev).encode())
+    producer.send(REQUESTS, key=b"bad-1", value=b'{"id": "bad-1", "state": 42}')
+    producer.flush()
+    producer.close()
+    return len(batch)
+
+
+def _collect(
+    bootstrap: str,
+    ctl: Any,
+    qids: list[str],
+    want: int,
+    deadline: float,
+    answered: dict[str, ClassificationResult],
+    dead: list[DeadLetter],
+) -> None:
+    """Read results and dead letters until `want` answers and the one dead letter are in
+    (or the deadline), printing each; a quiet spell prints the pool's state."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        RESULTS,
+        DEAD,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    quiet_since = time.monotonic()
+    # One malformed message was sent too: wait for its dead letter as well.
+    while (len(answered) < want or not dead) and time.monotonic() < deadline:
+        polled = consumer.poll(timeout_ms=500)
+        if polled:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > _QUIET_REPORT_S:
+            print(f"   (no answer for {_QUIET_REPORT_S:.0f}s: {_pool_line(ctl)})", flush=True)
+            quiet_since = time.monotonic()
+        for tp, records in polled.items():
+            for rec in records:
+                _show(tp.topic, rec.value, qids, answered, dead)
+    consumer.close()
+
+
+def _show(
+    topic: str,
+    value: bytes,
+    qids: list[str],
+    answered: dict[str, ClassificationResult],
+    dead: list[DeadLetter],
+) -> None:
+    """Print one record of the results or dead-letter topic (a repeated result once)."""
+    if topic == DEAD:
+        dl = DeadLetter.model_validate_json(value)
+        dead.append(dl)
+        print(f"   dead letter: {dl.error.code}: {dl.error.message}", flush=True)
+        return
+    res = ClassificationResult.model_validate_json(value)
+    if res.id in answered:
+        return
+    answered[res.id] = res
+    truth = res.metadata.get("truth", {})
+    cells = [_cell(res.answers[q].model_dump(), truth.get(q)) for q in qids]
+    print("   " + "  ".join(f"{c[:16]:16s}" for c in [res.id[-8:], *cells]), flush=True)
 
 
 def _pool_line(ctl: Any) -> str:

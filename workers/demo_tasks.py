@@ -378,67 +378,91 @@ def _count_for_level(rng: random.Random, bounds: Sequence[int], top: int) -> int
     return rng.randint(low, high)
 
 
+_Tasks = dict[str, tuple[TaskQuestion, dict]]
+
+
 def _plan(
     rng: random.Random,
     questions: Sequence[TaskQuestion],
     wires: Sequence[dict],
     language: str | None = None,
 ) -> _Plan:
+    # The draws from `rng` come in a fixed order (language, topic, link, shouting,
+    # insults, numbers, exclamations, listed words): the demo model's training and
+    # held-out sets are these draws, seed by seed.
     tasks = {q.task: (q, w) for q, w in zip(questions, wires, strict=True)}
-    if language is not None:
-        pass
-    elif "topic" in tasks:  # topics exist only in English (the language options hold it)
-        language = "english"
-    elif "language" in tasks:
-        language = rng.choice(list(tasks["language"][1]["criteria"]))
-    else:
-        language = "english" if rng.random() < 0.65 else rng.choice(LANGUAGES[1:])
-    plan = _Plan(language=language)
-    if language == "english":
-        if "topic" in tasks:
-            plan.topic = rng.choice(list(tasks["topic"][1]["criteria"]))
-        elif rng.random() < 0.8:
-            plan.topic = rng.choice(TOPICS)
-        if plan.topic:
-            plan.topic_count = rng.choice((1, 1, 2, 2, 3, 4))
-    asked = tasks.keys()
-    plan.link = rng.random() < (0.5 if "has_link" in asked else 0.15)
-    plan.shouting = rng.random() < (0.5 if "shouting" in asked else 0.12)
-    if "insult" in asked:
+    plan = _Plan(language=language if language is not None else _language(rng, tasks))
+    if plan.language == "english":
+        _plan_topic(rng, plan, tasks)
+    _plan_marks(rng, plan, tasks)
+    _plan_numbers(rng, plan, tasks)
+    if "exclamations" in tasks:
+        plan.exclamations = _count_for_level(rng, tasks["exclamations"][0].bounds, top=7)
+    elif rng.random() < 0.3:
+        plan.exclamations = rng.choice((1, 1, 2, 3))
+    if "listed_words" in tasks:
+        _plan_listed(rng, plan, tasks)
+    return plan
+
+
+def _language(rng: random.Random, tasks: _Tasks) -> str:
+    if "topic" in tasks:  # topics exist only in English (the language options hold it)
+        return "english"
+    if "language" in tasks:
+        return str(rng.choice(list(tasks["language"][1]["criteria"])))
+    return "english" if rng.random() < 0.65 else rng.choice(LANGUAGES[1:])
+
+
+def _plan_topic(rng: random.Random, plan: _Plan, tasks: _Tasks) -> None:
+    if "topic" in tasks:
+        plan.topic = rng.choice(list(tasks["topic"][1]["criteria"]))
+    elif rng.random() < 0.8:
+        plan.topic = rng.choice(TOPICS)
+    if plan.topic:
+        plan.topic_count = rng.choice((1, 1, 2, 2, 3, 4))
+
+
+def _plan_marks(rng: random.Random, plan: _Plan, tasks: _Tasks) -> None:
+    """A link, shouting, insults: likelier when asked about."""
+    plan.link = rng.random() < (0.5 if "has_link" in tasks else 0.15)
+    plan.shouting = rng.random() < (0.5 if "shouting" in tasks else 0.12)
+    if "insult" in tasks:
         plan.insults = rng.choice((0, 0, 0, 1, 1, 2))
     elif rng.random() < 0.2:
         plan.insults = rng.choice((1, 1, 2))
-    if language != "english":
+    if plan.language != "english":
         plan.insults = min(plan.insults, 1)
-    if "number_above" in asked:
+
+
+def _plan_numbers(rng: random.Random, plan: _Plan, tasks: _Tasks) -> None:
+    if "number_above" in tasks:
         t = tasks["number_above"][0].threshold
         assert t is not None
         small = [_number(rng, 0, t - 1) for _ in range(rng.choice((0, 1, 1, 2)))]
         plan.numbers = small + ([_number(rng, t + 1, 9999)] if rng.random() < 0.5 else [])
     elif rng.random() < 0.35:
         plan.numbers = [_number(rng, 0, 9999) for _ in range(rng.choice((1, 1, 2)))]
-    if "exclamations" in asked:
-        plan.exclamations = _count_for_level(rng, tasks["exclamations"][0].bounds, top=7)
-    elif rng.random() < 0.3:
-        plan.exclamations = rng.choice((1, 1, 2, 3))
-    if "listed_words" in asked:
-        q, _ = tasks["listed_words"]
-        name = q.word_list
-        assert name is not None
-        want = _count_for_level(rng, q.bounds, top=4)
-        if name == "insult":
-            plan.insults = want if language == "english" else min(want, 1)
-        elif language != "english":
-            plan.extra = [rng.choice(WORD_LISTS[name]) for _ in range(min(want, 2))]
-        elif name == plan.topic:
-            plan.topic_count = max(want, 1)  # the topic's own words: one at least
-        elif want and "topic" not in asked:
-            plan.topic, plan.topic_count = name, want
-        elif want:
-            # Words of another list next to the main topic, which keeps the majority.
-            plan.extra = [rng.choice(WORD_LISTS[name]) for _ in range(want)]
-            plan.topic_count = max(plan.topic_count, want + 1)
-    return plan
+
+
+def _plan_listed(rng: random.Random, plan: _Plan, tasks: _Tasks) -> None:
+    """Words of the asked list, as many as a level drawn uniformly."""
+    q, _ = tasks["listed_words"]
+    name = q.word_list
+    assert name is not None
+    want = _count_for_level(rng, q.bounds, top=4)
+    english = plan.language == "english"
+    if name == "insult":
+        plan.insults = want if english else min(want, 1)
+    elif not english:
+        plan.extra = [rng.choice(WORD_LISTS[name]) for _ in range(min(want, 2))]
+    elif name == plan.topic:
+        plan.topic_count = max(want, 1)  # the topic's own words: one at least
+    elif want and "topic" not in tasks:
+        plan.topic, plan.topic_count = name, want
+    elif want:
+        # Words of another list next to the main topic, which keeps the majority.
+        plan.extra = [rng.choice(WORD_LISTS[name]) for _ in range(want)]
+        plan.topic_count = max(plan.topic_count, want + 1)
 
 
 def _link(rng: random.Random) -> str:
