@@ -1,6 +1,6 @@
 """Autoscaling on a backlog spike: the controller on a real broker and a real Ray cluster.
 
-The scenario (issue #6): a Ray cluster of one node declaring 8 GPUs (fake: no device is
+The scenario: a Ray cluster of one node declaring 8 GPUs (fake: no device is
 used) and 2 CPUs; a pipeline whose topic has 8 partitions, workers on the fake engine
 with a fixed cost per read (0.08 s: a worker answers about 12 one-read requests a
 second, one batch at a time, as one GPU would), `replicas: {min: 1, max: 8}`, a 2 s poll and a 20 s

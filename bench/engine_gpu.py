@@ -8,7 +8,7 @@ What it measures, side by side in one process on the same model and inputs:
 - `peak`: a bf16 8192^3 matmul (the GPU's measured dense bf16 ceiling here).
 - `plain`: `model(input_ids=prompt, decoder_input_ids=canvas)` batched: the full
   encoder over the prompt, one decoder pass, full-vocabulary logits at every canvas
-  position (the baseline the issue quotes: 5.4 reads/s at batch 1, 106 at 128).
+  position (the first wave's baseline: 5.4 reads/s at batch 1, 106 at 128).
 - `engine/unique`: TransformersEngine on prompts that share nothing.
 - `engine/shared`: TransformersEngine on traffic of one question set (the system text
   is a shared prefix, cached once), label rows only.

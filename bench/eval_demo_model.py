@@ -136,7 +136,7 @@ def _section(
         log = json.loads((directory / "train_log.json").read_text())
     size = (directory / "model.safetensors").stat().st_size / 1e6
     lines = [
-        "## Demo model: held-out accuracy and calibration (issue #4)",
+        "## Demo model: held-out accuracy and calibration",
         "",
         f"Model `{model}` ({size:.2f} MB safetensors, fp16"
         + (f", {log['parameters'] / 1e6:.2f} M parameters" if "parameters" in log else "")

@@ -1,4 +1,4 @@
-"""The bar the committed demo model must pass (issue #4), shared by its engine test and the
+"""The bar the committed demo model must pass, shared by its engine test and the
 Kafka -> Ray -> Kafka test: every kind at accuracy >= 0.95 on enough questions, the ECE
 within 0.05 (`workers.demo_tasks.check`), and a mis-wired result set failing the check far
 below the floor, not by a near miss.

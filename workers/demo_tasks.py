@@ -747,7 +747,7 @@ def expected_calibration_error(
 
 
 def check(reads: Sequence[ScoredRead]) -> CheckReport:
-    """The accuracy check of issue #4: at least 95% per kind and ECE at most 0.05."""
+    """The demo model's accuracy check: at least 95% per kind and ECE at most 0.05."""
     accuracy: dict[str, float] = {}
     counts: dict[str, int] = {}
     for kind in KINDS:

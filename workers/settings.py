@@ -59,7 +59,7 @@ class Batching(_Frozen):
     # one full-size engine call.
     max_wait_ms: int = Field(default=50, ge=0, le=60_000)
     # Batches between poll and commit (the one being filled counts). 2: one in the engine
-    # while the next is fetched and parsed (the "keep the engine busy"); it also
+    # while the next is fetched and parsed (the engine never waits on Kafka); it also
     # bounds the duplicates a crash can cause to max_in_flight x max_records.
     max_in_flight: int = Field(default=2, ge=1, le=64)
 

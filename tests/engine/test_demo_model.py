@@ -1,4 +1,4 @@
-"""The demo model answers for real (issue #4), and the demo task family's truth is right.
+"""The demo model answers for real, and the demo task family's truth is right.
 
 Model tests: the committed demo model (`workers/engine/weights/demo/`) answers a held-out
 split of the demo task family through the engine (parse_request -> Classifier ->

@@ -618,7 +618,7 @@ def test_infra_dashboard_queries_only_exported_metrics(monkeypatch: pytest.Monke
         used |= q.metrics
     assert not problems, "\n".join(problems)
 
-    # Every metric the code exports has a panel, and the issue's list is covered.
+    # Every metric the code exports has a panel, and the operators' list is covered.
     for m in code.values():
         assert m.series() & used, f"{m.name} is exported but on no panel"
     for series in [

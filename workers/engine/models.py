@@ -56,7 +56,7 @@ TINY_RANDOM = TinySpec(
     moe_intermediate_size=32,
 )
 
-# --- demo model (issue #4): trained on the demo task family (workers/demo_tasks.py) by
+# --- demo model: trained on the demo task family (workers/demo_tasks.py) by
 # bench/train_demo_model.py; its weights (fp16, ~7.3 MB, ~3.6 M parameters) and the tokenizer
 # it was trained with are committed in workers/engine/weights/demo/ (see TRAINED_DIRS).
 DEMO = TinySpec(
@@ -139,7 +139,7 @@ def tiny_config(spec: TinySpec) -> Any:
 
 def full_size_config() -> Any:
     """The published shape of google/diffusiongemma-26B-A4B-it (its config.json, as quoted
-    in shared/DESIGN.md): 25.25 B parameters, 3.84 B active, ~51 GB in bf16."""
+    in docs/model.md): 25.25 B parameters, 3.84 B active, ~51 GB in bf16."""
     from transformers import DiffusionGemmaConfig
 
     layers = 30

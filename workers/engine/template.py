@@ -1,5 +1,5 @@
 """Prompt, answer template, slot resolution and canvas building (steps 1, 2 and 4 of the
-single-step read in shared/DESIGN.md).
+single-step read, docs/model.md).
 
 - The *system text* lists each question, its instructions and its labels, and asks for one
   `id: label` line per question. It is the same for every request of a question set, so

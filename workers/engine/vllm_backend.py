@@ -80,13 +80,13 @@ MAX_NUM_SEQS = 127
 class VllmSettings(BaseModel):
     """Engine settings for ONE 24 GB card hosting the NVFP4 DiffusionGemma checkpoint.
 
-    The reference run (DESIGN.md, "The single-step read"): an RTX 3090, max_model_len 16384,
+    The reference run (docs/model.md): an RTX 3090, max_model_len 16384,
     the TRITON_ATTN backend, canvas_length 64, about 21.5 of 24 GB in use.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # The quantized checkpoint reported to fit one 24 GB card (DESIGN.md).
+    # The quantized checkpoint reported to fit one 24 GB card (docs/model.md).
     model: str = "RedHatAI/diffusiongemma-26B-A4B-it-NVFP4"
     tokenizer: str | None = None
     revision: str | None = None
@@ -102,7 +102,7 @@ class VllmSettings(BaseModel):
     # (`--attention-backend`, vllm/engine/arg_utils.py, validated by
     # `AttentionConfig.validate_backend_before`). 0.33 has no VLLM_ATTENTION_BACKEND env var.
     attention_backend: str = "TRITON_ATTN"
-    # The system text (questions, instructions, labels) repeats across requests (DESIGN.md).
+    # The system text (questions, instructions, labels) repeats across requests.
     enable_prefix_caching: bool = True
     # vLLM checks `logprob_token_ids` against MAX_LOGPROB_TOKEN_IDS (128), not max_logprobs
     # (`SamplingParams._validate_logprobs`); max_logprobs bounds a top-k `logprobs=n`, which a
@@ -112,7 +112,7 @@ class VllmSettings(BaseModel):
     # are canvas_length x 262144; the sampler works on them in fp32 (and keeps ~3 copies,
     # `DiffusionGemmaSampler.__call__`'s tile budget): 16 x 64 x 262144 x 4 B = 1 GiB of
     # logits per step, about what the card spares beside weights and KV cache. It is also
-    # openjev's 64 concurrent reads on a 96 GB RTX PRO 6000 (DESIGN.md) scaled to 24 GB
+    # openjev's 64 concurrent reads on a 96 GB RTX PRO 6000 (docs/model.md) scaled to 24 GB
     # (64 x 24/96 = 16), and twice the 8-way concurrency of the upstream example server.
     # At most 127: vLLM 0.33 lowers any max_num_seqs >= 128 (its generic default) to 8 for
     # DiffusionGemma without a word (`DiffusionGemmaConfig.verify_and_update_config`,
