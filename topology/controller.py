@@ -37,6 +37,7 @@ import ray
 from topology.autoscaler import Autoscaler, Decision, Policy
 from topology.spec import PipelineSpec, Topology, parse_topology
 from workers.kafka_settings import KafkaConnection
+from workers.status import ReplicaReport
 
 CONTROLLER_PREFIX = "dgstream-controller"
 DEFAULT_NAMESPACE = "dgstream"
@@ -92,15 +93,6 @@ class _Replica:
     # A status call not answered yet (a starting or busy actor): asked again only once
     # it has answered, so calls never pile up behind a constructor.
     pending: Any = None
-
-
-def _worker_state(status: dict[str, Any]) -> tuple[str, bool]:
-    """(state, ready) from a replica's status; an error it reports (its Kafka login refused
-    on its node, say) is shown with the state, and such a replica is not ready."""
-    state = str(status.get("state", "?"))
-    if status.get("error"):
-        return f"{state}: {status['error']}", False
-    return state, state == "running"
 
 
 @dataclass
@@ -326,7 +318,7 @@ class PipelineRunner:
         all; returns the refs that answered."""
         for r in reps:
             if r.pending is None:
-                r.pending = r.handle.status.remote()
+                r.pending = r.handle.report.remote()
         refs = [r.pending for r in reps]
         if not refs:
             return set()
@@ -344,7 +336,7 @@ class PipelineRunner:
             return False
         r.pending = None
         try:
-            st = ray.get(ref, timeout=0)
+            rep: ReplicaReport = ray.get(ref, timeout=0)
         except ActorDiedError:
             r.ready, r.state = False, "dead"
             return not r.draining
@@ -354,16 +346,15 @@ class PipelineRunner:
         except Exception as exc:
             r.ready, r.state = False, f"status failed: {type(exc).__name__}"
             return False
-        r.state, r.ready = _worker_state(st)
-        self._count(r, st, now)
-        # Alive but done consuming (stopped from outside).
-        return r.state in ("stopped", "failed") and not r.draining
+        # An error it reports (its Kafka login refused on its node, say) is shown with the
+        # state, and such a replica is not ready.
+        r.state, r.ready = rep.shown_state, rep.ready
+        self._count(r, rep, now)
+        return rep.done_consuming and not r.draining
 
-    def _count(self, r: _Replica, st: dict[str, Any], now: float) -> None:
-        """Add what `r` finished and its engine time since its last status to the totals."""
-        done_now = int(st.get("answered", 0)) + int(st.get("dead_lettered", 0))
-        busy_now = float(st.get("engine_seconds", 0.0))
-        actor_id = st.get("actor_id")
+    def _count(self, r: _Replica, rep: ReplicaReport, now: float) -> None:
+        """Add what `r` finished and its engine time since its last report to the totals."""
+        done_now, busy_now, actor_id = rep.finished, rep.engine_seconds, rep.actor_id
         same = actor_id == r.actor_id and done_now >= r.done
         if r.seen_at is not None:
             # A restarted actor counts from zero again.

@@ -36,6 +36,7 @@ import ray
 
 from workers.logs import configure_logging, get_logger
 from workers.settings import WorkerSettings
+from workers.status import ReplicaReport
 from workers.worker import StreamWorker
 
 __all__ = [
@@ -109,6 +110,11 @@ class _WorkerActorImpl:
 
     def status(self) -> dict[str, Any]:
         return self._annotate(self._worker.status())
+
+    def report(self) -> ReplicaReport:
+        """What the controller reads, typed (`status()` is the fuller dict)."""
+        state, answered, dead, engine_s = self._worker.report()
+        return ReplicaReport(state, self._actor_id, answered, dead, engine_s, self._error)
 
     def ping(self) -> str:
         return "pong"

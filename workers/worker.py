@@ -344,6 +344,11 @@ class StreamWorker:
             **snap,
         }
 
+    def report(self) -> tuple[WorkerState, int, int, float]:
+        """(state, answered, dead-lettered, engine seconds): what the controller reads."""
+        m = self.metrics
+        return self._state, m.answered, m.dead_lettered, m.engine_seconds
+
     def _membership(self) -> dict[str, Any]:
         """This member's generation and id as its consumer knows them (-1 and "" while it
         is out of the group)."""
