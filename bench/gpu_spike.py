@@ -29,9 +29,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+# The repository, and test support (tests/support/ and the worker tests' helpers it uses).
+for _p in (ROOT, ROOT / "tests", ROOT / "tests" / "worker"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-from bench import autoscale_spike as spike
+from support.ray_cluster import NAMESPACE, pipeline_status, ray_cluster  # noqa: E402
+from support.spike import run_spike  # noqa: E402
+
+from bench import autoscale_spike as spike  # noqa: E402
 
 
 def engine(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,8 +83,8 @@ def replica_gpus(ctl: Any, name: str) -> dict[str, Any]:
     import ray
 
     out: dict[str, Any] = {}
-    for worker in spike.pipeline_status(ctl, name)["workers"]:
-        st = ray.get(ray.get_actor(worker, namespace=spike.NAMESPACE).status.remote(), timeout=60)
+    for worker in pipeline_status(ctl, name)["workers"]:
+        st = ray.get(ray.get_actor(worker, namespace=NAMESPACE).status.remote(), timeout=60)
         out[worker] = {"gpu_ids": st.get("gpu_ids"), "cuda": st.get("cuda_visible_devices")}
     return out
 
@@ -122,9 +129,9 @@ def main() -> int:
     try:
         conn = KafkaConnection(bootstrap_servers=info.bootstrap_servers)
         node = {"num_cpus": max(2, gpus + 2), "num_gpus": gpus}
-        with spike.ray_cluster([node]):
-            one = spike.run_spike(conn, requests=args.requests, gpus=gpus, max_replicas=1, **common)
-            many = spike.run_spike(
+        with ray_cluster([node]):
+            one = run_spike(conn, requests=args.requests, gpus=gpus, max_replicas=1, **common)
+            many = run_spike(
                 conn, requests=args.requests, gpus=gpus, max_replicas=gpus, on_cap=at_cap, **common
             )
     finally:

@@ -21,17 +21,10 @@ import pytest
 import yaml
 from cli_runner import run_cli
 from secure_kafka import PASSWORD_ENV, WRONG_PASSWORD_ENV, SecureBroker
+from support.ray_cluster import pipeline_status, running_controller
+from support.spike import pipeline_io, request_value, topology, unique
 from waiting import wait_for
 from worker_helpers import OutputReader
-
-from bench.autoscale_spike import (
-    pipeline_io,
-    pipeline_status,
-    request_value,
-    running_controller,
-    topology,
-    unique,
-)
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -41,7 +34,7 @@ def secure_ray(secure_broker: SecureBroker) -> Iterator[Any]:
     """One Ray node whose raylet (and so every actor it starts) has the passwords'
     variables, while its GCS and the other head processes do not: the variables leave this
     process's environment while the node starts (`env_vars` is the raylet's only)."""
-    from bench.autoscale_spike import ray_cluster
+    from support.ray_cluster import ray_cluster
 
     with contextlib.ExitStack() as stack:
         passwords = {k: os.environ.pop(k) for k in (PASSWORD_ENV, WRONG_PASSWORD_ENV)}

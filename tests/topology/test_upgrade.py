@@ -24,18 +24,11 @@ from typing import Any
 import pytest
 import yaml
 from cli_runner import run_cli
+from support.ray_cluster import kill_workers, pipeline_status, timeline
+from support.spike import pipeline_io, request_value, topology, unique
 from waiting import wait_for
 from worker_helpers import count_duplicates
 
-from bench.autoscale_spike import (
-    kill_workers,
-    pipeline_io,
-    pipeline_status,
-    request_value,
-    timeline,
-    topology,
-    unique,
-)
 from workers.actor import replica_prefix
 from workers.kafka_settings import KafkaConnection
 

@@ -78,3 +78,23 @@ def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from topology.spec import x\n    import kafka.admin\n")
     assert _imports(f) == {"topology.spec", "kafka.admin"}
+
+
+# Tests that still import `bench/`: the demo model's training script is tested where it
+# lives until its library moves out of the script.
+_TESTS_OF_BENCH = {"tests/engine/test_demo_training.py"}
+
+
+def test_tests_stand_alone() -> None:
+    """No test imports `bench/` (benchmarks import from the product or from tests/support,
+    never the other way round); the product never imports tests/support."""
+    crossings = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if "__pycache__" in path.parts or rel in _TESTS_OF_BENCH:
+            continue
+        crossings += [f"{rel}: import {n}" for n in sorted(_imports(path)) if _under(n, "bench")]
+    for package in PACKAGES:
+        for rel, names in _modules(package).items():
+            crossings += [f"{rel}: import {n}" for n in sorted(names) if _under(n, "support")]
+    assert not crossings, "\n".join(crossings)
