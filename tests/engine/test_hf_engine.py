@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 from pydantic import TypeAdapter
+from support.oracles import label_logits_reference
 
 from schemas import ClassificationRequest, ErrorCode, Question, RequestError, parse_request
 from workers.engine.classifier import Classifier, ClassifierSettings
-from workers.engine.hf_backend import TransformersEngine, label_logits_reference
+from workers.engine.hf_backend import TransformersEngine
 from workers.engine.template import (
     LayoutCache,
     labels_and_answers,

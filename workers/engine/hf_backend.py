@@ -349,16 +349,4 @@ def _broadcast(cache: Any, batch: int) -> Any:
     return _remap(cache, lambda t: t.expand(batch, *t.shape[1:]))
 
 
-def label_logits_reference(model: Any, prompt_ids: Sequence[int], canvas_ids: Sequence[int]) -> Any:
-    """A direct forward call of the model (the parity oracle for tests and benchmarks)."""
-    torch = _torch()
-    device = next(model.parameters()).device
-    with torch.inference_mode():
-        out = model(
-            input_ids=torch.tensor([list(prompt_ids)], device=device),
-            decoder_input_ids=torch.tensor([list(canvas_ids)], device=device),
-        )
-    return out.logits[0]
-
-
-__all__ = ["TransformersEngine", "label_logits_reference"]
+__all__ = ["TransformersEngine"]
