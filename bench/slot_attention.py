@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.attention_entropy import capture_attention
 from bench.train_demo_model import collate, request_reads, to_tensors
-from workers import demo_tasks
+from topology import demo_tasks
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 

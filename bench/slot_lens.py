@@ -28,7 +28,7 @@ from bench.train_demo_model import (
     to_tensors,
     with_name_question,
 )
-from workers import demo_tasks
+from topology import demo_tasks
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 

@@ -14,7 +14,7 @@ the prompt), so the real tokens see exactly what the engine shows them (`--smoke
 against `TransformersEngine`).
 
 Determinism: requests come from `random.Random(seed)` per request seed
-(`workers.demo_tasks.training_seeds`), noise from `noise_seed`, batches in a fixed order
+(`topology.demo_tasks.training_seeds`), noise from `noise_seed`, batches in a fixed order
 (the worker pool's results are consumed in submission order), the weights from
 `torch.manual_seed(spec.seed)`. On the CPU a run is bit-for-bit repeatable. On CUDA
 `torch.use_deterministic_algorithms(True, warn_only=True)` with a fixed cuBLAS workspace
@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from workers import demo_tasks
+from topology import demo_tasks
 from workers.engine.template import (
     ChatFormat,
     LayoutCache,

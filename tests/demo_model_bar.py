@@ -1,6 +1,6 @@
 """The bar the committed demo model must pass, shared by its engine test and the
 Kafka -> Ray -> Kafka test: every kind at accuracy >= 0.95 on enough questions, the ECE
-within 0.05 (`workers.demo_tasks.check`), and a mis-wired result set failing the check far
+within 0.05 (`topology.demo_tasks.check`), and a mis-wired result set failing the check far
 below the floor, not by a near miss.
 
 The bar is always measured here, on the model's own answers: never read from what the
@@ -9,7 +9,7 @@ training log says it scored.
 
 from __future__ import annotations
 
-from workers import demo_tasks
+from topology import demo_tasks
 
 KINDS = demo_tasks.KINDS
 MIN_QUESTIONS = 50  # per kind: below this an accuracy of 0.95 says little

@@ -30,7 +30,7 @@ DEMO_MODEL = "demo"
 
 
 def topology(bootstrap: str, model: str) -> dict[str, Any]:
-    from workers.demo_tasks import MODERATION_QUESTIONS
+    from topology.demo_tasks import MODERATION_QUESTIONS
 
     return {
         "kafka": {"bootstrap_servers": [bootstrap]},
@@ -89,7 +89,7 @@ def run_demo(
 
     from infra.kafka import broker
     from topology.controller import start_controller
-    from workers.demo_tasks import MODERATION_QUESTIONS
+    from topology.demo_tasks import MODERATION_QUESTIONS
     from workers.kafka_admin import ensure_topics
 
     t0 = time.perf_counter()
@@ -159,7 +159,7 @@ def _produce(bootstrap: str, events: int | None) -> int:
     many answers to wait for."""
     from kafka import KafkaProducer
 
-    from workers.demo_tasks import sample_events
+    from topology.demo_tasks import sample_events
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     batch = sample_events(events if events is not None else 50, seed=int(time.time()) % 997)

@@ -21,8 +21,9 @@ from demo_model_bar import (
     assert_bar_met,
     assert_miswiring_caught,
 )
+from support.miswire import MISWIRINGS, miswire_swap_labels
 
-from workers import demo_tasks as dt
+from topology import demo_tasks as dt
 from workers.engine import models
 
 # Held-out size: ~300 requests run in well under a minute on 2 CPU cores.
@@ -80,10 +81,10 @@ def test_demo_model_is_calibrated_and_passes_the_check(held_out_results: Any) ->
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("miswiring", sorted(dt.MISWIRINGS))
+@pytest.mark.parametrize("miswiring", sorted(MISWIRINGS))
 def test_the_check_fails_on_miswired_results(held_out_results: Any, miswiring: str) -> None:
     examples, results = held_out_results
-    bad = dt.MISWIRINGS[miswiring](results)
+    bad = MISWIRINGS[miswiring](results)
     assert_miswiring_caught(dt.check(dt.score_results(examples, bad)))
 
 
@@ -248,9 +249,9 @@ def test_check_detects_miswiring_on_perfect_results() -> None:
                 answers[qid] = {"type": kind, key: want, "probabilities": probs, "confidence": 1.0}
         results.append({"id": ex.request["id"], "answers": answers})
     assert dt.check(dt.score_results(examples, results)).passed
-    for name, fn in dt.MISWIRINGS.items():
+    for name, fn in MISWIRINGS.items():
         report = dt.check(dt.score_results(examples, fn(results)))
         assert not report.passed
         assert max(report.accuracy.values()) < 0.6, (name, report.summary())
     # Swapped labels keep their (full) confidence: far from calibrated.
-    assert dt.check(dt.score_results(examples, dt.miswire_swap_labels(results))).ece > 0.9
+    assert dt.check(dt.score_results(examples, miswire_swap_labels(results))).ece > 0.9

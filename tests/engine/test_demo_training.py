@@ -18,7 +18,7 @@ import pytest
 from bench import train_demo_model as T
 from bench.attention_entropy import layer_entropies
 from schemas.names import is_question_id
-from workers import demo_tasks
+from topology import demo_tasks
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from schemas import ClassificationRequest, parse_request
-from workers import demo_tasks
+from topology import demo_tasks
 from workers.engine.template import labels_and_answers, system_text, user_text
 
 pytestmark = pytest.mark.unit

@@ -36,7 +36,7 @@ pytest.importorskip("vllm")
 from demo_model_bar import assert_bar_met  # noqa: E402
 
 from schemas import ClassificationResult  # noqa: E402
-from workers import demo_tasks  # noqa: E402
+from topology import demo_tasks  # noqa: E402
 from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
 from workers.engine.factory import EngineSettings, build_classifier  # noqa: E402
 from workers.engine.models import TRAINED_DIRS  # noqa: E402

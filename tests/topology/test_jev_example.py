@@ -22,8 +22,8 @@ from schemas import (
     read_output,
 )
 from schemas import record_id as make_record_id
+from topology import demo_tasks
 from topology.spec import load_topology
-from workers import demo_tasks
 from workers.engine.factory import build_classifier
 from workers.routes import DEFAULT_ROUTE, Router
 

@@ -197,7 +197,9 @@ def test_trained_model_end_to_end_accuracy(ray_cluster: Any, pipeline: Pipeline)
     """The demo-model check through Kafka -> Ray worker -> Kafka, results matched to their
     requests by id: every kind at the bar and the ECE within the ceiling, and mis-wired
     results (labels swapped, results shifted by one request) fail it."""
-    from workers import demo_tasks
+    from support.miswire import miswire_shift_results, miswire_swap_labels
+
+    from topology import demo_tasks
 
     examples = demo_tasks.held_out_examples(1, 200)
     values = [json.dumps(ex.request).encode() for ex in examples]
@@ -213,7 +215,7 @@ def test_trained_model_end_to_end_accuracy(ray_cluster: Any, pipeline: Pipeline)
         report = demo_tasks.check(demo_tasks.score_results(examples, results))
         print(f"\nend to end: accuracy {report.accuracy}, ECE {report.ece:.4f}")
         assert_bar_met(report)
-        for miswire in (demo_tasks.miswire_swap_labels, demo_tasks.miswire_shift_results):
+        for miswire in (miswire_swap_labels, miswire_shift_results):
             bad = demo_tasks.check(demo_tasks.score_results(examples, miswire(results)))
             assert_miswiring_caught(bad)
     finally:

@@ -56,7 +56,7 @@ TINY_RANDOM = TinySpec(
     moe_intermediate_size=32,
 )
 
-# --- demo model: trained on the demo task family (workers/demo_tasks.py) by
+# --- demo model: trained on the demo task family (topology/demo_tasks/) by
 # bench/train_demo_model.py; its weights (fp16, ~7.3 MB, ~3.6 M parameters) and the tokenizer
 # it was trained with are committed in workers/engine/weights/demo/ (see TRAINED_DIRS).
 DEMO = TinySpec(

@@ -53,7 +53,7 @@ G H I J K L M N O P Q R S T U V W X Y Z true false answer every on its own line 
 only with write model system known earlier answers asked
 """.split()
 
-# --- demo task family (workers/demo_tasks.py): the words its states and questions use that
+# --- demo task family (topology/demo_tasks/): the words its states and questions use that
 # the list above lacks (English filler, topic keywords, insults, four other languages,
 # wordings). Changing this list changes the tokenizer: the demo model is trained on it.
 _WORDS += """
