@@ -1,39 +1,11 @@
 """vLLM 0.33 as the engine: DiffusionGemma single-step reads, in-process or over HTTP.
 
 A `Read` becomes one ordinary vLLM request: the prompt is the token ids, and the sampling
-params carry the label union as `logprob_token_ids` and the canvas in `extra_args`
-(`diffusion_canvas_length`, `diffusion_seed_canvas`, `diffusion_max_steps=1`,
-`diffusion_read_only`, `diffusion_constrained`). vLLM validates those keys at admission
-(`vllm/utils/diffusion.py::validate_diffusion_sampling_params`, called from
-`vllm/v1/engine/input_processor.py::InputProcessor._validate_params`) and raises
-`VLLMValidationError(parameter="extra_args")` for a bad one, before anything reaches the GPU.
-
-What the logprobs of a read-only diffusion request hold (read from vLLM 0.33.0):
-
-- `DiffusionGemmaSampler.__call__` (vllm/model_executor/models/diffusion_gemma.py) stashes
-  the logprobs of a request on the step it converges; a read-only request with
-  `diffusion_max_steps=1` converges and emits its whole canvas on its first denoise step
-  (`_compiled_sample_step`: `emit = is_commit | (is_denoise & converged & read_only)`), so the
-  output has one logprob row per canvas position, and `token_ids` is the argmax canvas.
-  "Read-only slots report logprobs at temperature 1": the stash uses the raw logits, not the
-  schedule-tempered ones (top_k/top_p, if a request set them, are applied before: we never do).
-- Unconstrained: the stash comes from `compute_topk_scores` (vllm/v1/worker/gpu/sample/
-  logprob.py), whose `_topk_log_softmax_kernel` computes log-softmax over the FULL vocabulary
-  and gathers column 0 = the sampled (here: argmax) token, then the request's
-  `logprob_token_ids`. So sum(exp(label logprobs)) is the label mass, and whether the argmax
-  is a label is known.
-- Constrained (`diffusion_constrained`): the step's logits are either computed only over the
-  allowed ids (`DiffusionGemmaRequestStates.batch_allowed`, shared set: `rows.log_softmax`
-  over K columns) or, in a mixed batch, masked to -1e20 outside the set
-  (`_mask_rows_to_allowed`). Both give log-softmax renormalized over `logprob_token_ids`, and
-  the argmax is forced into the set. The label mass is then 1 by construction and the
-  full-vocabulary argmax unknowable: `label_mass` and `argmax_is_label` are None.
-- `vllm/v1/engine/logprobs.py::LogprobsProcessor._update_sample_logprobs` builds one
-  `{token_id: Logprob}` per position (or a `FlatLogprobs` with `flat_logprobs=True`); the
-  `Logprob.rank` of the label entries is just their index (1..n), not a vocabulary rank.
-
-In every case the per-slot distribution is the softmax over the slot's own label logprobs,
-which is exact: a renormalization constant cancels.
+params carry the label union as `logprob_token_ids` and the canvas in `extra_args`. vLLM
+validates those keys at admission, before anything reaches the GPU; a refusal is a
+`ReadRejected`. Each slot's distribution is the softmax over its own label logprobs, exact
+in constrained and unconstrained mode alike. What vLLM's logprobs hold for such a read, as
+read from its code, is in docs/vllm.md.
 """
 
 from __future__ import annotations
