@@ -15,10 +15,33 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench import train_demo_model as T
-from bench.attention_entropy import layer_entropies
 from schemas.names import is_question_id
 from topology import demo_tasks
+from topology.demo_tasks.training.attention_entropy import layer_entropies
+from topology.demo_tasks.training.check import held_out_batch
+from topology.demo_tasks.training.data import (
+    CHOICE_TASKS,
+    GroupJob,
+    _init_worker,
+    _kept,
+    make_group,
+)
+from topology.demo_tasks.training.loop import main
+from topology.demo_tasks.training.model import (
+    DemoModel,
+    capture_pointer,
+    forward_slots,
+    pointer_loss,
+    scale_qk_norms,
+)
+from topology.demo_tasks.training.questions import (
+    KINDS,
+    name_token,
+    with_category_question,
+    with_mention_question,
+    with_name_question,
+)
+from topology.demo_tasks.training.reads import PointerMarks, pointer_targets, request_reads
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 
@@ -51,7 +74,7 @@ def chat_layouts() -> tuple[ChatFormat, LayoutCache]:
 
 @pytest.fixture(scope="module")
 def batch(chat_layouts: tuple[ChatFormat, LayoutCache]) -> dict[str, Any]:
-    return T.held_out_batch(*chat_layouts, split=3, count=4)[1]
+    return held_out_batch(*chat_layouts, split=3, count=4)[1]
 
 
 def test_scale_qk_norms_scales_each_text_norm_once() -> None:
@@ -63,7 +86,7 @@ def test_scale_qk_norms_scales_each_text_norm_once() -> None:
     }
     before = _text_norms(model)
     assert before and all(bool((w == 1.0).all()) for w in before.values())
-    T.scale_qk_norms(model, 0.25)
+    scale_qk_norms(model, 0.25)
     after = _text_norms(model)
     # Shared (tied) modules are scaled once: 0.25, never 0.0625.
     assert all(bool((w == 0.25).all()) for w in after.values()), after
@@ -77,7 +100,7 @@ def test_default_scale_takes_a_fresh_model_out_of_one_hot_attention(batch: Any) 
     deeper layers attend almost one-hot; scaled, every layer starts near uniform."""
     unscaled = layer_entropies(_fresh(), batch)
     model = _fresh()
-    T.scale_qk_norms(model, models.SPECS["demo"].head_dim ** -0.25)
+    scale_qk_norms(model, models.SPECS["demo"].head_dim ** -0.25)
     scaled = layer_entropies(model, batch)
     assert set(unscaled) == set(scaled) and len(scaled) == 2 * 6  # encoder + decoder layers
     assert np.median([e for e, _ in unscaled.values()]) < 1.0, unscaled
@@ -86,18 +109,18 @@ def test_default_scale_takes_a_fresh_model_out_of_one_hot_attention(batch: Any) 
 
 @pytest.fixture(scope="module")
 def worker_state() -> None:
-    T._init_worker(str(models.TRAINED_DIRS["demo"]), models.SPECS["demo"].canvas_length)
+    _init_worker(str(models.TRAINED_DIRS["demo"]), models.SPECS["demo"].canvas_length)
 
 
 def _choice_share(batches: list[dict[str, Any]]) -> float:
     kinds = np.concatenate([b["kinds"] for b in batches])
-    return float((kinds == T.KINDS.index("choice")).mean())
+    return float((kinds == KINDS.index("choice")).mean())
 
 
 def test_training_mix_is_deterministic_and_favours_choice(worker_state: None) -> None:
-    plain = T.make_group(T.GroupJob(0, 0, 32, 2))
-    focused = T.make_group(T.GroupJob(0, 0, 32, 2, keep_other=0.3))
-    again = T.make_group(T.GroupJob(0, 0, 32, 2, keep_other=0.3))
+    plain = make_group(GroupJob(0, 0, 32, 2))
+    focused = make_group(GroupJob(0, 0, 32, 2, keep_other=0.3))
+    again = make_group(GroupJob(0, 0, 32, 2, keep_other=0.3))
     assert len(focused) == len(plain) == 2
     for a, b in zip(focused, again, strict=True):
         assert a.keys() == b.keys()
@@ -109,11 +132,11 @@ def test_training_mix_keeps_every_choice_request() -> None:
     seeds = demo_tasks.training_seeds(5, 400)
     for s in seeds:
         ex = demo_tasks.example(s)
-        has_choice = any(t.task in T.CHOICE_TASKS for t in ex.tasks.values())
+        has_choice = any(t.task in CHOICE_TASKS for t in ex.tasks.values())
         if has_choice:
-            assert T._kept(ex, s, 0.0)
-        assert T._kept(ex, s, 1.0)
-    kept = sum(T._kept(demo_tasks.example(s), s, 0.3) for s in seeds)
+            assert _kept(ex, s, 0.0)
+        assert _kept(ex, s, 1.0)
+    kept = sum(_kept(demo_tasks.example(s), s, 0.3) for s in seeds)
     assert 0.55 * len(seeds) < kept < 0.85 * len(seeds)
 
 
@@ -145,7 +168,7 @@ def test_category_questions_have_the_family_truth(
     (`topic_of` / `language_of`), about half yes; nothing else in the request changes."""
     chat, layouts = chat_layouts
     added, yes = 0, 0
-    for s, ex, out, qid in _added(T.with_category_question, 6):
+    for s, ex, out, qid in _added(with_category_question, 6):
         for old_id, q in ex.request["questions"].items():
             assert out.request["questions"][old_id] == q
             assert out.truth[old_id] == ex.truth[old_id]
@@ -160,7 +183,7 @@ def test_category_questions_have_the_family_truth(
             actual = demo_tasks.language_of(state)
         assert out.truth[qid] == ("yes" if named == actual else "no"), (state, wire)
         # The engine's reads carry it as a yes/no slot with the right target.
-        reads = T.request_reads(chat, layouts, out, seed=s)
+        reads = request_reads(chat, layouts, out, seed=s)
         kinds = {sl.question_id: k for r, _, ks in reads for sl, k in zip(r.slots, ks, strict=True)}
         assert kinds[qid] == "category"  # a yes/no slot, logged apart
         labels = {sl.question_id: sl.labels for r, _, _ in reads for sl in r.slots}
@@ -179,7 +202,7 @@ def test_name_questions_target_the_name_token(
     `id: ` (not a letter), with the universe's name tokens as the logged labels."""
     chat, layouts = chat_layouts
     added, tasks = 0, set()
-    for s, ex, out, qid in _added(T.with_name_question, 7):
+    for s, ex, out, qid in _added(with_name_question, 7):
         task, wire = out.tasks[qid].task, out.request["questions"][qid]
         state = ex.request["state"]
         if task == "name_topic":
@@ -188,7 +211,7 @@ def test_name_questions_target_the_name_token(
             universe, actual = demo_tasks.LANGUAGES, demo_tasks.language_of(state)
         assert sorted(wire["criteria"]) == sorted(universe)
         assert out.truth[qid] == actual
-        reads = T.request_reads(chat, layouts, out, seed=s)
+        reads = request_reads(chat, layouts, out, seed=s)
         for read, targets, kinds in reads:
             for slot, target, kind in zip(read.slots, targets, kinds, strict=True):
                 if slot.question_id != qid:
@@ -211,7 +234,7 @@ def test_mention_questions_name_one_option_in_the_state(
     the question's options hold it; the other questions' truths are those of the new state."""
     chat, layouts = chat_layouts
     added = 0
-    for s, ex, out, qid in _added(T.with_mention_question, 8):
+    for s, ex, out, qid in _added(with_mention_question, 8):
         state, wire = out.request["state"], out.request["questions"][qid]
         named = out.truth[qid]
         assert named in wire["criteria"]
@@ -223,8 +246,8 @@ def test_mention_questions_name_one_option_in_the_state(
             assert out.truth[old_id] == demo_tasks.truth_of(state, out.tasks[old_id], q)
         # The option's token is in the prompt's state: the letter is found by identity.
         ids = chat.encode(state)
-        assert T.name_token(chat, named) in ids
-        reads = T.request_reads(chat, layouts, out, seed=s)
+        assert name_token(chat, named) in ids
+        reads = request_reads(chat, layouts, out, seed=s)
         kinds = {sl.question_id: k for r, _, ks in reads for sl, k in zip(r.slots, ks, strict=True)}
         assert kinds[qid] == "mention"
         added += 1
@@ -232,10 +255,10 @@ def test_mention_questions_name_one_option_in_the_state(
 
 
 def test_aux_only_keeps_just_the_training_only_questions() -> None:
-    job = T.GroupJob(0, 0, 16, 1, mention_share=1.0, name_share=0.5, aux_only=True)
-    T._init_worker(str(models.TRAINED_DIRS["demo"]), models.SPECS["demo"].canvas_length)
-    (batch,) = T.make_group(job)
-    kinds = {T.KINDS[k] for k in batch["kinds"]}
+    job = GroupJob(0, 0, 16, 1, mention_share=1.0, name_share=0.5, aux_only=True)
+    _init_worker(str(models.TRAINED_DIRS["demo"]), models.SPECS["demo"].canvas_length)
+    (batch,) = make_group(job)
+    kinds = {KINDS[k] for k in batch["kinds"]}
     assert kinds <= {"name", "mention"} and "mention" in kinds
 
 
@@ -250,14 +273,14 @@ _PROBE_STATES = {
 
 @pytest.mark.parametrize("language", sorted(_PROBE_STATES))
 def test_slot_attention_probe_finds_the_pointer(language: str) -> None:
-    """`bench.slot_attention` on the committed checkpoint: every decoder head is reported,
-    and for a state in each language one head points at that option's name (what
-    `--point-weight` teaches; before it, only "english" was found: docs/benchmarks.md), which
-    is then the answer."""
+    """The slot attention probe (`training.slot_attention`) on the committed checkpoint:
+    every decoder head is reported, and for a state in each language one head points at that
+    option's name (what `--point-weight` teaches; before it, only "english" was found:
+    docs/benchmarks.md), which is then the answer."""
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    from bench.slot_attention import probe_example, slot_attention
+    from topology.demo_tasks.training.slot_attention import probe_example, slot_attention
 
     trained = str(models.TRAINED_DIRS["demo"])
     chat = ChatFormat(AutoTokenizer.from_pretrained(trained))
@@ -282,15 +305,15 @@ def test_pointer_targets_are_the_right_options_name(
     inside its own question block (slot i, block i), right after its letter; other slots
     get -1."""
     chat, layouts = chat_layouts
-    marks = T.PointerMarks.of(chat)
+    marks = PointerMarks.of(chat)
     header = list(marks.question)
     found = 0
     for s in demo_tasks.training_seeds(5, 400):
-        ex = T.with_mention_question(demo_tasks.example(s), s, 0.5)
-        ex = T.with_name_question(ex, s, 0.3)
-        for read, targets, kinds in T.request_reads(chat, layouts, ex, seed=s):
+        ex = with_mention_question(demo_tasks.example(s), s, 0.5)
+        ex = with_name_question(ex, s, 0.3)
+        for read, targets, kinds in request_reads(chat, layouts, ex, seed=s):
             ids = list(read.prompt_ids)
-            points = T.pointer_targets(marks, read, targets, kinds)
+            points = pointer_targets(marks, read, targets, kinds)
             for i, (slot, t, k, p) in enumerate(
                 zip(read.slots, targets, kinds, points, strict=True)
             ):
@@ -298,7 +321,7 @@ def test_pointer_targets_are_the_right_options_name(
                     assert p == -1
                     continue
                 truth = ex.truth[slot.question_id]
-                assert ids[p] == T.name_token(chat, truth)
+                assert ids[p] == name_token(chat, truth)
                 assert ids[p - 2 : p] == [t, marks.colon]
                 blocks_before = sum(
                     ids[j : j + len(header)] == header for j in range(p - len(header) + 1)
@@ -314,14 +337,14 @@ def test_capture_pointer_keeps_the_forward_and_undoes_itself(batch: dict[str, An
     puts every attention module back on the shared SDPA config."""
     import torch
 
-    model = T.DemoModel.load(models.TRAINED_DIRS["demo"])
+    model = DemoModel.load(models.TRAINED_DIRS["demo"])
     with torch.no_grad():
-        plain = T.forward_slots(model, batch)
-        seen, undo = T.capture_pointer(model, 3)
-        captured = T.forward_slots(model, batch)
+        plain = forward_slots(model, batch)
+        seen, undo = capture_pointer(model, 3)
+        captured = forward_slots(model, batch)
         weights = seen["w"]
         undo()
-        after = T.forward_slots(model, batch)
+        after = forward_slots(model, batch)
     b, q = batch["decoder_input_ids"].shape
     keys = batch["input_ids"].shape[1] + q
     assert weights.shape == (b, models.SPECS["demo"].num_attention_heads, q, keys)
@@ -350,7 +373,7 @@ def test_pointer_loss_reads_each_slots_best_head_at_its_point() -> None:
         "cols": torch.tensor([2, 1, 3]),
         "points": torch.tensor([5, -1, 1]),  # slot 1 has no pointer target
     }
-    loss, mean_weight = T.pointer_loss(w, t)
+    loss, mean_weight = pointer_loss(w, t)
     assert loss.item() == pytest.approx(-(np.log(0.5) + np.log(0.25)) / 2, rel=1e-6)
     assert mean_weight.item() == pytest.approx(0.375)
 
@@ -363,7 +386,7 @@ def test_smoke_training_with_the_pointer_loss(tmp_path: Any) -> None:
 
     out = tmp_path / "smoke"
     args = ["--smoke", "--init", str(models.TRAINED_DIRS["demo"]), "--out", str(out)]
-    T.main([*args, "--mention-share", "0.5", "--point-layer", "3", "--point-weight", "1.0"])
+    main([*args, "--mention-share", "0.5", "--point-layer", "3", "--point-weight", "1.0"])
     log = json.loads((out / "train_log.json").read_text())
     assert log["parity_max_abs_diff"] < 1e-4
     assert [step for step, _ in log["pointer_weight"]] == [5, 10, 15, 20]
@@ -374,16 +397,16 @@ def test_smoke_training_with_the_pointer_loss(tmp_path: Any) -> None:
 def test_slot_lens_sees_the_category_the_name_slots_answer(
     chat_layouts: tuple[ChatFormat, LayoutCache],
 ) -> None:
-    """`bench.slot_lens` on the committed checkpoint: at the last decoder layer the name
-    slots' lens is their answer, so the true name leads for (nearly) all of them; every
-    decoder layer is reported for each question type."""
-    from bench.slot_lens import slot_lens
+    """The slot lens (`training.slot_lens`) on the committed checkpoint: at the last decoder
+    layer the name slots' lens is their answer, so the true name leads for (nearly) all of
+    them; every decoder layer is reported for each question type."""
+    from topology.demo_tasks.training.slot_lens import slot_lens
 
     chat, _ = chat_layouts
     examples = [
-        T.with_name_question(ex, i, 1.0) for i, ex in enumerate(demo_tasks.held_out_examples(0, 60))
+        with_name_question(ex, i, 1.0) for i, ex in enumerate(demo_tasks.held_out_examples(0, 60))
     ]
-    table = slot_lens(T.DemoModel.load(models.TRAINED_DIRS["demo"]), chat, examples)
+    table = slot_lens(DemoModel.load(models.TRAINED_DIRS["demo"]), chat, examples)
     layers = models.SPECS["demo"].num_hidden_layers
     assert {"name_language", "language", "topic"} <= set(table)
     assert all(list(row) == list(range(layers)) for row in table.values())

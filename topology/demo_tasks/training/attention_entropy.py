@@ -3,12 +3,12 @@ text attention layer over a few held-out requests, for a fresh model (the demo s
 with the q_norm/k_norm weights as they are and scaled, and for the committed checkpoint (and
 `--also DIR`, another one).
 
-This is the measurement behind `bench.train_demo_model --qk-norm-scale`: with the norms at
+This is the measurement behind `python -m bench.train_demo_model --qk-norm-scale`: with the norms at
 1.0 a fresh model's heads attend almost one-hot (entropy ~0.7 nats over ~300 keys), so the
 softmax is saturated and attention patterns barely learn; scaled by head_dim ** -0.25 they
 start near uniform (~4.5-5.3 nats), the usual 1/sqrt(d) regime.
 
-    python -m bench.attention_entropy            # CPU, a few seconds
+    python -m topology.demo_tasks.training.attention_entropy            # CPU, a few seconds
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.train_demo_model import (
+from topology.demo_tasks.training.check import held_out_batch
+from topology.demo_tasks.training.model import (
     DemoModel,
     forward_slots,
-    held_out_batch,
     scale_qk_norms,
     text_qk_norm_weights,
 )
