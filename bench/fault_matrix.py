@@ -103,7 +103,8 @@ OUTPUT_GONE_PRODUCER = {
 # Workers are added or removed this often in the scaling cell.
 SCALE_EVERY_S = 2.0
 # How long a transient engine outage lasts (every read refused), and the share of reads
-# that fail on their own meanwhile and outside it.
+# that fail on their own meanwhile and outside it (a fifth: several failures a batch, so
+# every batch meets the retry path).
 ENGINE_DOWN_S = 2.0
 FLAKY_RATE = 0.2
 # A cell gives up waiting for its last answers this long after its fault and production
@@ -446,8 +447,11 @@ def _output_gone(run: Run) -> None:
 
 
 def _transient(run: Run) -> None:
-    """FLAKY_RATE of the reads fail (RecoverableEngineError) throughout; at the fault,
-    every read is refused (EngineUnavailable) for ENGINE_DOWN_S."""
+    """FLAKY_RATE of the reads fail (RecoverableEngineError) throughout, each cured by a
+    retry (FlakyEngine fails a request once at most: an engine that fails good requests
+    at random past the retries gets them dead-lettered ENGINE_FAILED, which the worker
+    cannot tell from a request that breaks it); at the fault, every read is refused
+    (EngineUnavailable) for ENGINE_DOWN_S."""
     run.engine_down.set()
     run.events += 1
     try:
@@ -462,6 +466,7 @@ def _drain_timeout(run: Run) -> None:
     victim = run.replicas[0]
     assert isinstance(victim, ThreadReplica)
     engine = victim.engine
+    assert isinstance(engine, GateEngine)
     engine.gate.clear()
     run.events += 1
     run.wait(engine.entered.is_set, 60, "a batch held in replica 0's engine")
@@ -539,7 +544,7 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "transient",
-            f"engine errors ({FLAKY_RATE:.0%} of reads; all for {ENGINE_DOWN_S:g} s)",
+            f"transient engine errors ({FLAKY_RATE:.0%} of reads; all for {ENGINE_DOWN_S:g} s)",
             _transient,
             engine=_flaky,
             touches="all",
@@ -1155,11 +1160,13 @@ def main(argv: list[str] | None = None) -> int:
     faults = args.faults.split(",")
     verdicts: list[Verdict] = []
     t0 = time.monotonic()
-    for kind in args.brokers.split(","):
-        assert kind in BROKERS, kind
+    for name in args.brokers.split(","):
+        if name not in BROKERS:
+            parser.error(f"--brokers: {name!r} is none of {', '.join(BROKERS)}")
+        kind: BrokerKind = "single" if name == "single" else "cluster"
         with (
             tempfile.TemporaryDirectory(prefix=f"matrix-{kind}-") as home,
-            running_brokers(kind, home) as brokers,  # type: ignore[arg-type]
+            running_brokers(kind, home) as brokers,
         ):
             for fault in faults:
                 if kind not in FAULTS[fault].brokers:

@@ -109,10 +109,12 @@ class CrashOn:
 
 
 class FlakyEngine:
-    """The fake engine, failing now and then: each read raises a RecoverableEngineError
-    (a CUDA launch failure, an OOM under a burst) with probability `fail_rate`, drawn from
-    a seeded generator; while `down` is set, every read raises EngineUnavailable (a
-    remote server out of reach for a moment). `calls` and `failures` count the reads."""
+    """The fake engine, failing now and then as a transient fault does (a CUDA launch
+    failure, an OOM under a burst): a read raises a RecoverableEngineError with
+    probability `fail_rate` (a seeded generator), but never twice for one request, so a
+    retry cures it (errors that follow an input are CrashOn's). While `down` is set,
+    every read raises EngineUnavailable (a remote server out of reach for a moment).
+    `calls` and `failures` count the reads."""
 
     def __init__(self, inner: Any, fail_rate: float = 0.2, seed: int = 0) -> None:
         import random
@@ -121,6 +123,7 @@ class FlakyEngine:
         self.fail_rate = fail_rate
         self.down = threading.Event()
         self._rng = random.Random(seed)
+        self._failed: set[str] = set()  # tags of the reads a failure has hit
         self.calls = 0
         self.failures = 0
 
@@ -135,7 +138,9 @@ class FlakyEngine:
         if self.down.is_set():
             self.failures += 1
             raise EngineUnavailable("connection refused")
-        if self._rng.random() < self.fail_rate:
+        tags = {r.tag for r in reads}
+        if not tags & self._failed and self._rng.random() < self.fail_rate:
+            self._failed |= tags
             self.failures += 1
             raise RecoverableEngineError("CUDA error: unspecified launch failure")
         out: list[Any] = await self.inner.read(reads)
