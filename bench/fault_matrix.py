@@ -73,9 +73,10 @@ BROKERS: tuple[BrokerKind, ...] = ("single", "cluster")
 DELIVERIES = ("at_least_once", "exactly_once")
 WORKER_PROCESS = ROOT / "tests" / "worker" / "worker_process.py"
 
-# Small JVMs: the matrix runs four brokers at most (one single, a cluster of three) on a
-# shared machine; a few hundred requests a second need far less than the default 512 MB.
-HEAP_OPTS = "-Xms64m -Xmx256m"
+# Small initial heaps: the matrix runs four brokers at most (one single, a cluster of
+# three) on a shared machine. The maximum stays the project's default, 512 MB: with 256 MB
+# a node of the cluster stopped answering in the middle of a full run (why was not kept).
+HEAP_OPTS = "-Xms64m -Xmx512m"
 # The fake engine's cost per read: a batch of 16 requests (about 24 reads) takes about a
 # quarter of a second, so a fault finds batches in flight, while two workers still keep
 # up with the matrix's rate with room to spare (tens of requests a second).
@@ -153,7 +154,7 @@ def running_brokers(kind: BrokerKind, home: str | os.PathLike[str]) -> Iterator[
     try:
         yield brokers
     finally:
-        broker.stop(home)
+        broker.stop(home, delete_data=True)
 
 
 # --------------------------------------------------------------------------- workers
@@ -1089,14 +1090,25 @@ def _agrees(record: Any, key: str, oracle: dict[str, Any]) -> bool:
 def run_cell(
     brokers: Brokers, fault: str, delivery: str, size: Size = Size(), log_dir: Path | None = None
 ) -> Verdict:
-    """Run one cell of the matrix on a running broker or cluster."""
+    """Run one cell of the matrix on a running broker or cluster. A cell that cannot run
+    to its end (a wait that timed out, a broker that died) is a failed verdict saying why,
+    with the last words of the workers and the brokers on stderr."""
     with tempfile.TemporaryDirectory(prefix="matrix-logs-") as tmp:
         run = Run(brokers, FAULTS[fault], delivery, size, log_dir or Path(tmp))
-        verdict = run.execute()
+        try:
+            verdict = run.execute()
+        except Exception as exc:
+            verdict = Verdict(brokers.kind, fault, delivery, len(run.values))
+            verdict.notes.append(f"the cell did not finish: {exc!r}")
         if verdict.problems() and log_dir is None:
-            for log in sorted(Path(tmp).glob("*.log")):  # the worker processes' last words
-                tail = log.read_text(errors="replace").splitlines()[-30:]
-                print(f"--- {log.name}\n" + "\n".join(tail), file=sys.stderr)
+            logs = [
+                *sorted(Path(tmp).glob("*.log")),
+                *(Path(n.log_file) for n in brokers.info.nodes),
+            ]
+            for log in logs:
+                if log.exists():
+                    tail = log.read_text(errors="replace").splitlines()[-30:]
+                    print(f"--- {log.name}\n" + "\n".join(tail), file=sys.stderr)
         return verdict
 
 
