@@ -26,13 +26,14 @@ SIZE = Size(messages=200, seconds=8.0)
 # this variable rather than by the slow marker. The CI tier: every fault on the single
 # broker under exactly-once (the strict oracle: 0 duplicates), the kill -9 under
 # at-least-once (its duplicate bound), and the fault only the cluster has, the partition
-# leader's kill -9, under both; about 6 minutes with the brokers' starts (measured on this
-# 2-core machine). The whole matrix: DGSTREAM_FAULT_MATRIX=full, or bench/fault_matrix.py.
+# leader's kill -9, under at-least-once (under exactly-once it waits out the commit
+# timeout, a minute and a half a cell). 12 cells, about 6 minutes on this 2-core machine
+# while other suites ran on it (7.6 with that cell). The whole matrix:
+# DGSTREAM_FAULT_MATRIX=full, or bench/fault_matrix.py.
 FULL_ENV = "DGSTREAM_FAULT_MATRIX"
 CI_CELLS = {
-    *(("single", fault, "exactly_once") for fault in FAULTS),
+    *(("single", name, "exactly_once") for name, f in FAULTS.items() if "single" in f.brokers),
     ("single", "kill9", "at_least_once"),
-    ("cluster", "leader_kill", "exactly_once"),
     ("cluster", "leader_kill", "at_least_once"),
 }
 
