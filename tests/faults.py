@@ -108,6 +108,48 @@ class CrashOn:
         await self.inner.close()
 
 
+class FlakyEngine:
+    """The fake engine, failing now and then as a transient fault does (a CUDA launch
+    failure, an OOM under a burst): a read raises a RecoverableEngineError with
+    probability `fail_rate` (a seeded generator), but never twice for one request, so a
+    retry cures it (errors that follow an input are CrashOn's). While `down` is set,
+    every read raises EngineUnavailable (a remote server out of reach for a moment).
+    `calls` and `failures` count the reads."""
+
+    def __init__(self, inner: Any, fail_rate: float = 0.2, seed: int = 0) -> None:
+        import random
+
+        self.inner = inner
+        self.fail_rate = fail_rate
+        self.down = threading.Event()
+        self._rng = random.Random(seed)
+        self._failed: set[str] = set()  # tags of the reads a failure has hit
+        self.calls = 0
+        self.failures = 0
+
+    @property
+    def info(self) -> Any:
+        return self.inner.info
+
+    async def read(self, reads: Sequence[Any]) -> list[Any]:
+        from workers.engine.types import EngineUnavailable, RecoverableEngineError
+
+        self.calls += 1
+        if self.down.is_set():
+            self.failures += 1
+            raise EngineUnavailable("connection refused")
+        tags = {r.tag for r in reads}
+        if not tags & self._failed and self._rng.random() < self.fail_rate:
+            self._failed |= tags
+            self.failures += 1
+            raise RecoverableEngineError("CUDA error: unspecified launch failure")
+        out: list[Any] = await self.inner.read(reads)
+        return out
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 def classifier_with(engine_type: Callable[[Any], Any], settings: Any) -> tuple[Any, Any]:
     """A classifier for `settings`' question sets whose engine is `engine_type(fake)`;
     returns (classifier, engine)."""
@@ -134,6 +176,16 @@ def member_ids(conn: KafkaConnection, group: str) -> set[str]:
     finally:
         admin.close()
     return {m["member_id"] for m in described[group]["members"]}
+
+
+def group_members(conn: KafkaConnection, group: str) -> list[dict[str, Any]]:
+    """The group's members as the coordinator describes them (member_id, client_id, ...)."""
+    admin = _admin(conn)
+    try:
+        described = admin.describe_groups([group])
+    finally:
+        admin.close()
+    return list(described[group]["members"])
 
 
 def kick_member(conn: KafkaConnection, group: str, member_id: str) -> None:

@@ -50,6 +50,12 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # kafka-python client arguments that carry a secret (what `client_kwargs` unwraps).
 _SECRET_KWARGS = frozenset({"sasl_plain_password", "ssl_password"})
 
+# The longest pause between two connection attempts to a broker: the Java clients' default
+# (reconnect.backoff.max.ms). kafka-python's own, 30 s, kept the workers of the fault
+# matrix's broker restart (bench/fault_matrix.py) away for up to 30 s after the broker was
+# back; every client built from a KafkaConnection gets this one.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
 
 class _MaskClientConfig(logging.Filter):
     """kafka-python's KafkaAdminClient logs its whole configuration at DEBUG, passwords
@@ -321,6 +327,7 @@ class KafkaConnection(BaseModel):
             "bootstrap_servers": list(self.bootstrap_servers),
             "security_protocol": self.security_protocol.value,
             "client_id": self.client_id,
+            "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
         }
         if self.security_protocol.uses_ssl:
             kw["ssl_check_hostname"] = self.ssl_check_hostname

@@ -11,10 +11,10 @@ is missing or stale) and 127.0.0.1.
   and waits until the broker answers a metadata request. `start_cluster(n)` does the same
   for `n` combined nodes with a static controller quorum, for fault tests.
 * `stop()` / `status()` work from the state file `<home>/state.json`; `kill_node()` and
-  `restart_node()` stop and bring back one node of a running cluster. `stop()` keeps the
-  data (topics, offsets, the cluster id) unless told to delete it, and the next `start()`
-  resumes it on the same ports; a start with `overrides` (or `start_secure`) formats
-  afresh.
+  `restart_node()` stop and bring back one node of a running cluster, `freeze_node()`
+  SIGSTOPs (and thaws) one. `stop()` keeps the data (topics, offsets, the cluster id)
+  unless told to delete it, and the next `start()` resumes it on the same ports; a start
+  with `overrides` (or `start_secure`) formats afresh.
 
 The state directory ("home") defaults to `<repo>/.cache/kafka/run`; `DGSTREAM_KAFKA_HOME`
 or the `home` argument overrides it. `DGSTREAM_KAFKA_LIB` overrides the jar cache;
@@ -55,6 +55,7 @@ __all__ = [
     "default_home",
     "default_lib_dir",
     "fetch",
+    "freeze_node",
     "kill_node",
     "restart_node",
     "start",
@@ -440,8 +441,10 @@ def _log_tail(path: str | Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _heap_opts() -> list[str]:
-    env = os.environ.get(HEAP_ENV)
+def _heap_opts(chosen: str | None = None) -> list[str]:
+    """`chosen` (a start's `heap_opts`, kept in the state file for restarts), else
+    $DGSTREAM_KAFKA_HEAP_OPTS, else the default."""
+    env = chosen or os.environ.get(HEAP_ENV)
     return env.split() if env else ["-Xms128m", "-Xmx512m"]
 
 
@@ -566,9 +569,11 @@ def _format(
         raise BrokerError("\n".join(errors))
 
 
-def _launch(java: str, lib: Path, home: Path, node: NodeInfo, *, append_log: bool) -> int:
+def _launch(
+    java: str, lib: Path, home: Path, node: NodeInfo, *, append_log: bool, heap: str | None
+) -> int:
     extra = os.environ.get(JVM_OPTS_ENV, "").split()
-    cmd = [*_jvm_base(java, lib, home), *_heap_opts(), *extra, KAFKA_MAIN, node.properties]
+    cmd = [*_jvm_base(java, lib, home), *_heap_opts(heap), *extra, KAFKA_MAIN, node.properties]
     with open(node.log_file, "ab" if append_log else "wb") as log:
         proc = subprocess.Popen(
             cmd,
@@ -689,13 +694,16 @@ def start(
     lib_dir: str | os.PathLike[str] | None = None,
     timeout_s: float = 120.0,
     overrides: dict[str, str] | None = None,
+    heap_opts: str | None = None,
 ) -> BrokerInfo:
     """Start one combined broker+controller on 127.0.0.1 (or return the running one).
 
     `port` is the client (PLAINTEXT) port: by default 9092 when free, else a free one; 0 is
     any free port (what tests use); an explicit port that is taken is an error. Data a
     `stop()` kept in `home` is resumed (same cluster, ports, topics and offsets; `resumed`
-    is True); else, or with `overrides`, the storage is formatted afresh.
+    is True); else, or with `overrides`, the storage is formatted afresh. `heap_opts`
+    ("-Xms64m -Xmx256m") replaces $DGSTREAM_KAFKA_HEAP_OPTS for this broker, restarts
+    included.
     """
     return _start(
         home,
@@ -708,6 +716,7 @@ def start(
         overrides=overrides,
         standalone=True,
         replication=1,
+        heap_opts=heap_opts,
     )
 
 
@@ -719,11 +728,13 @@ def start_cluster(
     lib_dir: str | os.PathLike[str] | None = None,
     timeout_s: float = 180.0,
     overrides: dict[str, str] | None = None,
+    heap_opts: str | None = None,
 ) -> BrokerInfo:
     """Start `n` combined broker+controller nodes (a controller quorum of `n`) on loopback.
 
     Internal topics and the default replication factor use `replication_factor` (default
     min(n, 3)), with min.insync.replicas = 2 when that is 3, so one node may die.
+    `heap_opts` as for `start`, for every node.
     """
     if n < 1:
         raise ValueError("n must be at least 1")
@@ -741,6 +752,7 @@ def start_cluster(
         standalone=False,
         replication=rf,
         prefer_default_port=False,
+        heap_opts=heap_opts,
     )
 
 
@@ -838,6 +850,7 @@ def _start(
     prefer_default_port: bool,
     extra_listeners: Sequence[str] = (),
     format_args: Sequence[str] = (),
+    heap_opts: str | None = None,
 ) -> BrokerInfo:
     t0 = time.monotonic()
     home = _home(home_arg)
@@ -890,6 +903,7 @@ def _start(
                     t0,
                     timeout_s,
                     format_args,
+                    heap_opts,
                 )
             except BrokerError as exc:
                 last_error = exc
@@ -958,6 +972,7 @@ def _boot(
     t0: float,
     timeout_s: float,
     format_args: Sequence[str] = (),
+    heap_opts: str | None = None,
 ) -> BrokerInfo:
     for old in home.glob("node-*"):
         shutil.rmtree(old, ignore_errors=True)
@@ -979,7 +994,7 @@ def _boot(
     started_at = time.time()
     try:
         for node in nodes:
-            node.pid = _launch(java, lib, home, node, append_log=False)
+            node.pid = _launch(java, lib, home, node, append_log=False, heap=heap_opts)
         _wait_ready(nodes, launched_at + timeout_s, expect_brokers=len(nodes))
     except BaseException:
         for node in nodes:
@@ -996,6 +1011,7 @@ def _boot(
         total_seconds=round(now - t0, 3),
         lib_dir=str(lib),
         standalone=standalone,
+        extra={"heap_opts": heap_opts} if heap_opts else {},
     )
 
 
@@ -1045,7 +1061,9 @@ def _resume_locked(
     info.started_at = time.time()
     try:
         for node in info.nodes:
-            node.pid = _launch(java, lib, home, node, append_log=True)
+            node.pid = _launch(
+                java, lib, home, node, append_log=True, heap=info.extra.get("heap_opts")
+            )
         _wait_ready(info.nodes, launched_at + timeout_s, expect_brokers=len(info.nodes))
     except BaseException:
         for node in info.nodes:
@@ -1065,6 +1083,7 @@ def _stop_locked(home: Path, info: BrokerInfo, timeout_s: float, delete_data: bo
     for node in info.nodes:  # signal all first, so a cluster shuts down in parallel
         if _is_our_jvm(node.pid, node):
             _signal_group(node.pid, signal.SIGTERM)
+            _signal_group(node.pid, signal.SIGCONT)  # a frozen node (freeze_node) too
     for node in info.nodes:
         _terminate(node, timeout_s)
     if not delete_data:
@@ -1151,6 +1170,22 @@ def kill_node(
             _terminate(node, timeout_s)
 
 
+def freeze_node(
+    node_id: int, home: str | os.PathLike[str] | None = None, *, thaw: bool = False
+) -> None:
+    """SIGSTOP one node (a broker frozen by a long GC pause or a stalled VM), or with
+    `thaw`, SIGCONT it. `stop()` thaws a frozen node before stopping it."""
+    h = _home(home)
+    with _locked(h / ".lock"):
+        info = _read_state(h)
+        if info is None:
+            raise BrokerError(f"no Kafka running from {h}")
+        node = info.node(node_id)
+        if not _is_our_jvm(node.pid, node):
+            raise BrokerError(f"node {node_id} of {h} is not running")
+        _signal_group(node.pid, signal.SIGCONT if thaw else signal.SIGSTOP)
+
+
 def restart_node(
     node_id: int,
     home: str | os.PathLike[str] | None = None,
@@ -1169,7 +1204,7 @@ def restart_node(
         lib = Path(info.lib_dir)
         java = _java()
         launched_at = time.monotonic()
-        node.pid = _launch(java, lib, h, node, append_log=True)
+        node.pid = _launch(java, lib, h, node, append_log=True, heap=info.extra.get("heap_opts"))
         _write_state(info)
         _wait_ready([node], launched_at + timeout_s, expect_brokers=1)
         deadline = time.monotonic() + timeout_s

@@ -187,6 +187,7 @@ def test_client_kwargs_plaintext() -> None:
         "bootstrap_servers": ["127.0.0.1:9092"],
         "security_protocol": "PLAINTEXT",
         "client_id": "w1",
+        "reconnect_backoff_max_ms": 1000,
     }
     assert conn.client_kwargs(client_id="x", request_timeout_ms=5)["client_id"] == "x"
 
@@ -205,6 +206,7 @@ def test_client_kwargs_unwrap_secrets_for_kafka_python() -> None:
         "bootstrap_servers": BS,
         "security_protocol": "SASL_SSL",
         "client_id": "dgstream",
+        "reconnect_backoff_max_ms": 1000,
         "ssl_check_hostname": False,
         "ssl_cafile": "ca.pem",
         "ssl_certfile": "c.pem",
