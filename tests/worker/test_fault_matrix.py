@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from bench.fault_matrix import DELIVERIES, FAULTS, Brokers, Size, run_cell, running_brokers
+from support.fault_matrix import DELIVERIES, FAULTS, Brokers, Size, run_cell, running_brokers
 
 pytestmark = pytest.mark.broker
 
