@@ -200,3 +200,19 @@ def test_labels_by_kind(question: dict[str, Any], labels: tuple[str, ...], answe
 
     q = TypeAdapter(Question).validate_python(question)
     assert labels_and_answers(q) == (labels, answers)
+
+
+def test_canvas_noise_is_any_id_of_the_vocabulary(tiny_chat: Any) -> None:
+    # Uniform-state noise draws from the whole vocabulary, id 0 included: over 64 seeds of a
+    # two-id vocabulary both ids turn up at both slots (the chance that one never does is
+    # about 2**-60).
+    layout = resolve_layout(
+        tiny_chat.encode,
+        [("toxic", YES_NO), ("topic", LETTERS)],
+        eot_id=tiny_chat.eot_id,
+        max_width=64,
+    )
+    kw = {"eot_id": tiny_chat.eot_id, "pad_id": tiny_chat.pad_id, "vocab_size": 2}
+    canvases = [build_canvas(layout, seed=s, **kw) for s in range(64)]
+    for slot in layout.slots:
+        assert {c[slot.position] for c in canvases} == {0, 1}
