@@ -226,3 +226,19 @@ def test_the_shared_prefix_ends_where_the_user_text_joins_its_last_token() -> No
     assert chat.prefix_ids("hi") == (2, 3)  # "[system]hi", "[user]"
     prompt, shared = chat.prompt_ids("hi", "there")
     assert (prompt, shared) == ((2, 4, 5), 1)
+
+
+def test_the_layout_cache_keeps_1024_layouts_unless_told() -> None:
+    encode = _Counting()
+    cache = LayoutCache(encode, 0, max_width=64)
+    for i in range(1024):
+        cache.get([(f"q{i}", ("x", "y"))])
+    calls = encode.calls
+    cache.get([("q0", ("x", "y"))])
+    assert encode.calls == calls  # all 1024 kept
+    cache.get([("q1024", ("x", "y"))])  # one more: the least recently used (q1) goes
+    calls = encode.calls
+    cache.get([("q0", ("x", "y"))])
+    assert encode.calls == calls
+    cache.get([("q1", ("x", "y"))])
+    assert encode.calls > calls
