@@ -359,3 +359,23 @@ def test_ask_if_refusals_say_what_is_wrong(
 ) -> None:
     err = _refused(_raw(_body(questions=questions)))
     assert (err.field, err.message) == (field, f"{field}: {message}")
+
+
+class _Unreadable:
+    """A value whose length cannot be taken: the parser's own failure, not the message's."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("x" * 600)
+
+
+def test_a_failure_inside_the_parser_refuses_the_record_and_says_what_broke() -> None:
+    err = _refused(12345)  # type: ignore[arg-type]
+    assert (err.code, err.field) == (ErrorCode.INVALID_VALUE, None)
+    assert err.message == (
+        "the message could not be read (TypeError: object of type 'int' has no len())"
+    )
+    # A long reason is cut to 500 characters.
+    long = _refused(_Unreadable())  # type: ignore[arg-type]
+    head = "the message could not be read (RuntimeError: "
+    assert long.message == (head + "x" * 600)[:500]
+    assert (long.code, len(long.message)) == (ErrorCode.INVALID_VALUE, 500)
