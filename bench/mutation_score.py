@@ -164,7 +164,8 @@ def section(scores: list[Score]) -> str:
     lines = [
         f"## Mutation score: mutmut 3.8.1 ({date.today().isoformat()})",
         "",
-        "`make mutation` (not in CI: about an hour on 2 cores, one mutmut worker at nice 10):",
+        "`make mutation` (not in CI: about an hour and a half on 2 cores, one mutmut worker at",
+        "nice 10):",
         "mutmut changes one thing at a time in the modules below (an operator, a constant, a",
         "string, an argument) and runs the tests that reach the changed function (tests/unit,",
         "tests/engine without the demo model's held-out run, tests/topology/test_autoscaler.py).",

@@ -129,3 +129,116 @@ def demo_chat() -> ChatFormat:
     from workers.engine.models import TRAINED_DIRS
 
     return ChatFormat(AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"])))
+
+
+# --------------------------------------------------------------------------- caches
+# Both caches answer a repeat without tokenizing again, keep at most their size, and drop
+# the least recently used entry first: counted by the tokenizer calls they save.
+
+
+class _Counting:
+    """A character-level encoder that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: str) -> list[int]:
+        self.calls += 1
+        return [ord(c) for c in text]
+
+
+class _CountingTokenizer:
+    """A tokenizer that counts the texts it is asked to tokenize."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.calls = 0
+
+    def __call__(self, text: str, **kw: Any) -> Any:
+        self.calls += 1
+        return self.tokenizer(text, **kw)
+
+
+def test_the_prefix_cache_keeps_the_256_most_recently_used_system_texts() -> None:
+    chat = ChatFormat(_word_level(["[system]", "[user]", "[model]"], eos_token="</s>"))
+    tok = chat.tokenizer = _CountingTokenizer(chat.tokenizer)
+    first = chat.prefix_ids("s0")
+    assert (chat.prefix_ids("s0"), tok.calls) == (first, 1)  # a repeat: no tokenizing
+    for i in range(1, 256):
+        chat.prefix_ids(f"s{i}")
+    assert tok.calls == 256
+    chat.prefix_ids("s0")  # used again: now the most recent
+    chat.prefix_ids("s256")  # the 257th: the least recently used (s1) goes
+    assert tok.calls == 257
+    chat.prefix_ids("s0")
+    chat.prefix_ids("s256")
+    assert tok.calls == 257  # both still cached
+    chat.prefix_ids("s1")
+    assert tok.calls == 258  # tokenized again
+
+
+def test_a_tokenizer_that_adds_its_own_bos_does_not_get_a_second_one() -> None:
+    # The chat template writes <bos>; Gemma's tokenizer would add one more by itself.
+    from tokenizers import processors
+
+    tok = _word_level(["<bos>", "[system]", "[user]", "[model]", "a"], eos_token="</s>")
+    tok.bos_token = "<bos>"
+    bos = tok.convert_tokens_to_ids("<bos>")
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", bos)]
+    )
+    tok.chat_template = "<bos> " + PLAIN_TEMPLATE
+    assert tok("a")["input_ids"] == [bos, tok.convert_tokens_to_ids("a")]
+    chat = ChatFormat(tok)
+    assert chat.encode("a") == [tok.convert_tokens_to_ids("a")]
+    prompt, _ = chat.prompt_ids("a", "a")
+    assert prompt.count(bos) == 1 and prompt[0] == bos
+
+
+def test_the_layout_cache_keeps_its_size_of_most_recently_used_layouts() -> None:
+    encode = _Counting()
+    cache = LayoutCache(encode, 0, max_width=64, size=2)
+    a, b, c = ([(q, ("x", "y"))] for q in "abc")
+    layout = cache.get(a)
+    per_layout = encode.calls
+    assert cache.get(a) is layout and encode.calls == per_layout  # a repeat: the same one
+    cache.get(b)
+    cache.get(a)  # used again: now the most recent
+    cache.get(c)  # the third: the least recently used (b) goes
+    assert encode.calls == 3 * per_layout
+    assert cache.get(a) is layout and encode.calls == 3 * per_layout
+    cache.get(c)
+    assert encode.calls == 3 * per_layout
+    cache.get(b)
+    assert encode.calls == 4 * per_layout  # resolved again
+
+
+def test_the_shared_prefix_ends_where_the_user_text_joins_its_last_token() -> None:
+    # A template that glues the user's text to "[user]": the prefix's last token is not
+    # the whole prompt's, so only "[system]hi" is shared.
+    words = ["[system]hi", "[user]", "[user]there", "[model]"]
+    tok = _word_level(words, eos_token="</s>")
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}[model] {% endif %}"
+    )
+    chat = ChatFormat(tok)
+    assert chat.prefix_ids("hi") == (2, 3)  # "[system]hi", "[user]"
+    prompt, shared = chat.prompt_ids("hi", "there")
+    assert (prompt, shared) == ((2, 4, 5), 1)
+
+
+def test_the_layout_cache_keeps_1024_layouts_unless_told() -> None:
+    encode = _Counting()
+    cache = LayoutCache(encode, 0, max_width=64)
+    for i in range(1024):
+        cache.get([(f"q{i}", ("x", "y"))])
+    calls = encode.calls
+    cache.get([("q0", ("x", "y"))])
+    assert encode.calls == calls  # all 1024 kept
+    cache.get([("q1024", ("x", "y"))])  # one more: the least recently used (q1) goes
+    calls = encode.calls
+    cache.get([("q0", ("x", "y"))])
+    assert encode.calls == calls
+    cache.get([("q1", ("x", "y"))])
+    assert encode.calls > calls

@@ -294,6 +294,17 @@ def test_ask_if_asks_only_when_met_and_names_what_was_not(chat: ChatFormat) -> N
     assert res.diagnostics.reads == 2
 
 
+def test_a_skipped_answer_names_every_unmet_condition(chat: ChatFormat) -> None:
+    questions = {
+        "rude": YES_NO,
+        "spam": YES_NO,
+        "both": {"type": "noul", "instructions": "z", "ask_if": {"rude": ["yes"], "spam": ["yes"]}},
+    }
+    engine = ScriptedEngine(lambda r, s: [0.2, 0.8])
+    (res,) = _classify(engine, chat, [_request(questions)])
+    assert res.answers["both"].reason == "ask_if not met: rude=no, spam=no"
+
+
 # --------------------------------------------------------------------------- batches
 
 

@@ -134,3 +134,12 @@ def test_score_answer() -> None:
     odd = score_answer(_agg([1 / 3, 1 / 3 - 1e-7, 1 / 3 + 1e-7]), ["a", "b", "c"])
     assert odd.expected_score == round(1 / 3 + 2 * (1 / 3 - 1e-7) + 3 * (1 / 3 + 1e-7), 6)
     assert odd.expected_score == 2.0
+
+
+def test_a_distribution_that_does_not_match_the_labels_is_an_error() -> None:
+    # One probability per option or level, or no answer: a shorter distribution would
+    # silently leave labels out of `probabilities`.
+    with pytest.raises(ValueError, match="zip"):
+        choice_answer(_agg([0.4, 0.6]), ["a", "b", "c"])
+    with pytest.raises(ValueError, match="zip"):
+        score_answer(_agg([0.4, 0.6]), ["low", "mid", "high"])

@@ -200,3 +200,64 @@ def test_labels_by_kind(question: dict[str, Any], labels: tuple[str, ...], answe
 
     q = TypeAdapter(Question).validate_python(question)
     assert labels_and_answers(q) == (labels, answers)
+
+
+def test_canvas_noise_is_any_id_of_the_vocabulary(tiny_chat: Any) -> None:
+    # Uniform-state noise draws from the whole vocabulary, id 0 included: over 64 seeds of a
+    # two-id vocabulary both ids turn up at both slots (the chance that one never does is
+    # about 2**-60).
+    layout = resolve_layout(
+        tiny_chat.encode,
+        [("toxic", YES_NO), ("topic", LETTERS)],
+        eot_id=tiny_chat.eot_id,
+        max_width=64,
+    )
+    kw = {"eot_id": tiny_chat.eot_id, "pad_id": tiny_chat.pad_id, "vocab_size": 2}
+    canvases = [build_canvas(layout, seed=s, **kw) for s in range(64)]
+    for slot in layout.slots:
+        assert {c[slot.position] for c in canvases} == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("labels", "code", "message"),
+    [
+        (
+            ("x", "w"),
+            ErrorCode.LABEL_POSITION_MISMATCH,
+            "label 'w' lands at template position(s) [2, 3], not at the one slot ? the other "
+            "labels use",
+        ),
+        (
+            ("x", "y", "xw"),
+            ErrorCode.LABEL_POSITION_MISMATCH,
+            "label 'xw' lands at template position(s) [3], not at the one slot 2 the other "
+            "labels use",
+        ),
+        (
+            ("x", "X"),
+            ErrorCode.DUPLICATE_LABEL_TOKEN,
+            "label 'X' has the same token id as label 'x'",
+        ),
+        (
+            ("x", "y", "Y"),
+            ErrorCode.DUPLICATE_LABEL_TOKEN,
+            "label 'y' has the same token id as another label",
+        ),
+        # The schema asks for two labels; called directly with one, the layout refuses too.
+        (("x",), ErrorCode.INVALID_VALUE, "needs two labels"),
+    ],
+)
+def test_each_refusal_says_what_the_label_did(
+    crafted_encode: Any, labels: tuple[str, ...], code: ErrorCode, message: str
+) -> None:
+    with pytest.raises(RequestRejected) as info:
+        resolve_layout(crafted_encode, [("a", labels), ("b", YES_NO)], eot_id=0, max_width=64)
+    err = info.value.error
+    assert (err.code, err.field, err.message) == (code, "questions.a", f"questions.a: {message}")
+
+
+def test_a_slot_keeps_its_labels_in_order(crafted_encode: Any) -> None:
+    layout = resolve_layout(crafted_encode, [("a", ("y", "x"))], eot_id=0, max_width=16)
+    (slot,) = layout.slots
+    assert (slot.question_id, slot.labels) == ("a", ("y", "x"))
+    assert slot.label_ids == (crafted_encode(" y")[0], crafted_encode(" x")[0])

@@ -235,3 +235,61 @@ def test_the_floor_holds_against_the_window() -> None:
     # GPUs came back: the floor is 3; the scale-out window still remembers 1.
     d = a.decide(5, 1, 0, 8, 8)
     assert (d.desired, d.reason) == (3, "scale out 1 -> 3: below min_replicas")
+
+
+# ----------------------------------------------------------------------------- edges
+# The exact inputs where a comparison or a constant decides: a lag of 0, 1 and below zero,
+# a load that needs exactly the lag's recommendation, a pool that already has the size its
+# window agrees on, and each of the three limits of the cap on its own.
+
+
+def test_without_a_floor_no_lag_asks_for_nothing_and_one_record_for_one() -> None:
+    a = _auto(min_replicas=0)
+    assert a.recommend(0, 8, 8) == (0, "lag 0 / target 100 -> 0")
+    assert a.recommend(1, 8, 8) == (1, "lag 1 / target 100 -> 1")
+    # Committed offsets a little past a stale end offset: a negative lag asks for nothing,
+    # never for a negative pool.
+    assert a.recommend(-150, 8, 8) == (0, "lag -150 / target 100 -> 0")
+
+
+def test_no_partitions_caps_the_pool_at_zero_whatever_the_floor() -> None:
+    d = _auto(min_replicas=1).decide(0, 1, 5000, 0, 8)
+    assert (d.desired, d.recommendation) == (0, 0)
+    assert d.reason == (
+        "scale in 1 -> 0: above the cap (lag 5000 / target 100 -> 50, capped at 0 by partitions)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("max_replicas", "partitions", "gpus", "cap"),
+    [(3, 8, 6, 3), (8, 2, 6, 2), (8, 6, 1, 1)],
+    ids=["max_replicas", "partitions", "gpus"],
+)
+def test_each_limit_alone_caps_the_recommendation_and_the_load(
+    max_replicas: int, partitions: int, gpus: int, cap: int, request: pytest.FixtureRequest
+) -> None:
+    a = _auto(max_replicas=max_replicas)
+    limit = request.node.callspec.id
+    assert a.recommend(5000, partitions, gpus) == (
+        cap,
+        f"lag 5000 / target 100 -> 50, capped at {cap} by {limit}",
+    )
+    d = a.decide(0, 1, 0, partitions, gpus, busy=100.0)
+    assert (d.needed, d.desired) == (cap, 1)
+
+
+def test_a_load_that_needs_exactly_the_recommendation_says_nothing() -> None:
+    # 3.2 replicas' worth at 0.8 each is exactly 4 (3.2 / 0.8 is 4.000000000000001).
+    d = _auto().decide(0, 4, 350, 8, 8, busy=3.2)
+    assert d == Decision(0, 4, 4, 350, 4, "keep 4: lag 350 / target 100 -> 4", needed=4)
+
+
+def test_a_pool_of_the_size_its_window_agrees_on_just_keeps_it() -> None:
+    a = _auto()
+    a.decide(0, 4, 350, 8, 8)
+    # A whole window later the recommendation is still the current size: no scale-in
+    # pending, so the reason names no window.
+    d = a.decide(61, 4, 350, 8, 8)
+    assert (d.desired, d.reason) == (4, "keep 4: lag 350 / target 100 -> 4")
+    d = a.decide(62, 4, 350, 8, 8, busy=3.2)
+    assert (d.desired, d.reason) == (4, "keep 4: lag 350 / target 100 -> 4")

@@ -331,3 +331,51 @@ def test_a_ladder_of_the_most_questions_is_ordered_in_as_many_stages() -> None:
     got = _graph(deps)
     assert isinstance(got, ClassificationRequest), got
     assert got.stages() == [[f"q{i}"] for i in range(64)]
+
+
+@pytest.mark.parametrize(
+    ("questions", "field", "message"),
+    [
+        (
+            {"spam": YES_NO, "t": {**YES_NO, "ask_if": {"spam": []}}},
+            "questions.t.ask_if.spam",
+            "lists no answers",
+        ),
+        (
+            {"spam": YES_NO, "t": {**YES_NO, "ask_if": {"spam": ["maybe"]}}},
+            "questions.t.ask_if.spam",
+            "'maybe' is not an answer of 'spam'; its answers are 'yes', 'no'",
+        ),
+        # The cycle's first edge is an ask_if: the field names that, not depends_on.
+        (
+            {"a": {**YES_NO, "ask_if": {"b": ["yes"]}}, "b": {**YES_NO, "depends_on": ["a"]}},
+            "questions.a.ask_if",
+            "dependency cycle a -> b -> a",
+        ),
+    ],
+)
+def test_ask_if_refusals_say_what_is_wrong(
+    questions: dict[str, Any], field: str, message: str
+) -> None:
+    err = _refused(_raw(_body(questions=questions)))
+    assert (err.field, err.message) == (field, f"{field}: {message}")
+
+
+class _Unreadable:
+    """A value whose length cannot be taken: the parser's own failure, not the message's."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("x" * 600)
+
+
+def test_a_failure_inside_the_parser_refuses_the_record_and_says_what_broke() -> None:
+    err = _refused(12345)  # type: ignore[arg-type]
+    assert (err.code, err.field) == (ErrorCode.INVALID_VALUE, None)
+    assert err.message == (
+        "the message could not be read (TypeError: object of type 'int' has no len())"
+    )
+    # A long reason is cut to 500 characters.
+    long = _refused(_Unreadable())  # type: ignore[arg-type]
+    head = "the message could not be read (RuntimeError: "
+    assert long.message == (head + "x" * 600)[:500]
+    assert (long.code, len(long.message)) == (ErrorCode.INVALID_VALUE, 500)
