@@ -96,6 +96,7 @@ from kafka import (
     TopicPartition,
 )
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import KafkaError
 
 from schemas import (
     ErrorCode,
@@ -1136,7 +1137,15 @@ class StreamWorker:
 
     def _produce_in_transaction(self, batch: Batch, outputs: list[Output]) -> None:
         assert self._txn is not None
-        futures = self._txn.send(batch, outputs)
+        try:
+            futures = self._txn.send(batch, outputs)
+        except KafkaError as exc:
+            # Once an output of the open transaction failed, kafka-python refuses every
+            # later send until the transaction is aborted: as that output's own error
+            # (an outage, or a refusal), which aborts and reads the open work again.
+            cause = self._last_output_error or exc
+            self._report(batch, produce_outage(cause) or Redo(f"{type(cause).__name__}: {cause}"))
+            return
         if futures is None:
             return  # cancelled
         for o, fut in zip(outputs, futures, strict=True):

@@ -212,3 +212,37 @@ def test_two_deployments_of_one_pipeline_do_not_fence_each_other(
     for w in (a, b):
         w.worker.drain()
         w.join()
+
+
+def test_a_transaction_in_an_abortable_error_state_is_aborted_and_read_again(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """Once an output of the open transaction failed (a topic deleted under its records,
+    say), kafka-python puts the transaction in an abortable error state and refuses every
+    later send ("Cannot perform send because at least one previous transactional ...
+    request has failed"). That is not fatal: the worker aborts, reads the open work again
+    and answers it once. The state is the producer's own, entered the way its sender
+    enters it when a record of the transaction fails."""
+    from kafka.errors import KafkaError
+
+    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL)
+    classifier, engine = classifier_with(GateEngine, settings)
+    engine.gate.set()
+    first = pipeline.produce_requests(8)
+    wt = WorkerThread(settings, classifier=classifier).start()
+    worker_threads.append(wt)
+    reader = pipeline.reader(read_committed=True)
+    reader.read_until(lambda r: set(r.keys()) >= set(first), 90, "the first results")
+    # Hold the next batch at the engine, put the transaction in error, then let it send.
+    engine.gate.clear()
+    engine.entered.clear()
+    ids = first + pipeline.produce_requests(8)
+    assert engine.entered.wait(60), "no batch reached the engine"
+    manager = wt.worker._producer._transaction_manager
+    manager.transition_to_abortable_error(KafkaError("a record of the transaction failed"))
+    engine.gate.set()
+    _exactly_once(reader, ids, pipeline)
+    assert wt.error is None, wt.error
+    assert wt.worker.status()["state"] == "running"
+    wt.worker.drain()
+    wt.join()
