@@ -1,79 +1,11 @@
 """The stream worker: consume requests, answer them in micro-batches, publish, lose nothing.
 
 `StreamWorker` is plain Python (threads and one asyncio loop) so it runs and is tested
-without Ray; `workers.actor.WorkerActor` wraps it for the pool. Three threads matter:
-
-* the *consumer thread* (whoever calls `run()`) owns the `KafkaConsumer` (kafka-python's
-  consumer is not thread-safe: every consumer call happens here, or in the rebalance
-  listener while this thread is blocked inside `poll()`). It polls, parses, submits
-  batches, and commits;
-* the *engine loop* (a thread running an asyncio loop) owns the `Classifier`: it answers
-  a batch with as few engine calls as possible and produces its outputs, in submission
-  order;
-* kafka-python's own I/O threads (the producer's acknowledgements arrive there).
-
-The busy loop, one micro-batch at a time (numbers match the comments below):
-
- 1. Settle: take the batches whose outputs are all acknowledged, advance each partition's
-    contiguous done prefix, commit `last offset + 1` of it (the outputs are flushed first:
-    a batch is done only once the broker acknowledged every output). Exactly-once: commit
-    the transaction with those offsets in it instead. The tracking is
-    `workers.commit.OffsetTracker`, the commit itself a committer of `workers.commit`.
- 2. Control: a fatal error stops the loop (nothing more is committed); `stop()` leaves at
-    once; `drain()` submits what was polled, finishes the batches in flight, commits and
-    leaves the group.
- 3. Backpressure: at most `max_in_flight` batches between poll and commit (the batch being
-    filled counts). When full, stop polling and wait for a completion; still poll now and
-    then (putting back what it returns) so the group does not drop this member.
- 4. Poll up to `max_records - len(batch)` records.
- 5. Parse each with `schemas.parse_request`; a refusal (or an unknown question set)
-    becomes a dead letter of the batch (code, message, original bytes, topic, partition,
-    offset), never an exception. A record that keeps killing the worker is isolated
-    (`workers.poison`: attempts counted in the committed offsets' metadata; a suspect
-    partition's records run one at a time) and dead-lettered POISON.
- 6. Submit the batch to the engine loop when it is full, when it has waited `max_wait_ms`,
-    or at once when the engine is idle.
-
-On the engine loop, per batch:
-
- 7. Classify every request of the batch at once (`workers.classify`). A recoverable
-    engine error retries the batch (`engine_retries`), then splits it in halves to find
-    the request that keeps failing, which becomes an ENGINE_FAILED dead letter; a fatal
-    one fails the worker (Ray restarts the actor; uncommitted work is consumed again).
-    An engine that is down (unreachable, or failing a known-good probe too) is an
-    outage: see below.
- 8. Build the outputs (`workers.outputs`): results in the pipeline's format, keyed by
-    the input record's key (else the request id), with its headers and ours
-    (schema_version, model, worker, output_format, route), to the request's `reply_topic`
-    when the pipeline allows it and it exists (`workers.topics`), else the first route
-    that holds, else the output topic; dead letters keyed and headed the same way. A
-    result that does not fit its topic, or may not go where it asks, is dead-lettered
-    with its own code.
- 9. Produce them after the previous batch's outputs (per-partition order is kept) and
-    report the batch done when every output is acknowledged (`acks=all`, idempotent
-    producer). Exactly-once: the outputs go into the open transaction, which step 1
-    commits together with the batch's offsets (`send_offsets_to_transaction` with the
-    consumer's group metadata, so a zombie of this replica is fenced).
-
-Rebalances (cooperative-sticky): when partitions are revoked, the listener (which runs
-while the consumer thread is blocked inside poll()) drops their records from the batch
-being filled, waits (bounded) for the batches holding their records, commits them and
-forgets the partitions, before the group hands them to their next owner. Partitions
-*lost* (this member was fenced) are forgotten without a commit.
-
-Outages (`workers.outage`): the engine out of reach, or an output that cannot be
-produced for a while (no leader, not enough replicas, the topic missing, a timeout), is
-not bad input. The batch reports an `Outage`; the consumer thread abandons the open work
-(below), takes no new work until the backoff pause has passed (still polling for the
-membership, as when full), then reads it again; the first batch that goes through ends
-the outage. Past `outage.budget_s` the worker fails (Ray restarts it). status()["outage"]
-and the dgstream_outage gauge show it meanwhile.
-
-Abandoning (`_abandon`): when work between poll and commit cannot be committed by this
-member (an outage; exactly-once: partitions lost, a revocation or a drain that timed
-out, a commit refused because the membership is stale), the batches in flight are cancelled (they
-produce nothing more), the open transaction is aborted with them, and the partitions
-still assigned are sought back to their committed offsets: the work is done again, once.
+without Ray; `workers.actor.WorkerActor` wraps it for the pool. The consumer thread owns the
+`KafkaConsumer` (kafka-python's is not thread-safe) and polls, parses, submits and commits;
+the engine loop owns the `Classifier` and answers and produces each batch in submission
+order. docs/worker.md walks through the busy loop step by step (the numbered comments
+below follow it), rebalances, outages and abandoning open work.
 """
 
 from __future__ import annotations
