@@ -47,9 +47,11 @@ def worker_threads() -> Iterator[list[WorkerThread]]:
 # --------------------------------------------------------------------------- Ray
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """A local Ray cluster of our own for the session (4 logical CPUs, no dashboard).
+    """A local Ray cluster of our own for the module (4 logical CPUs, no dashboard).
+    Not the session: the tests run in a random order, and the controller tests start
+    Ray clusters of their own, which a process still connected to this one cannot.
 
     `address="local"` starts a new one even when another Ray instance runs on the machine,
     and its own temp dir (topology.local_ray) keeps their files apart; `ray.shutdown()`
