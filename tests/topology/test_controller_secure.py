@@ -108,7 +108,7 @@ def test_controller_and_worker_on_ray_over_tls_and_scram(
         io.produce([request_value(f"s{i}", i) for i in range(20)])
         out = OutputReader(conn, topo["pipelines"][0]["output_topic"], False)
         try:
-            out.read_until(lambda r: len(set(r.keys())) >= 20, 120, "20 answers over TLS")
+            out.read_until(lambda r: len(set(r.keys())) >= 20, 300, "20 answers over TLS")
         finally:
             out.close()
 
