@@ -44,6 +44,7 @@ from workers.commit import (
     ExactlyOnceCommitter,
     Marks,
     OffsetTracker,
+    fenced,
 )
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError
@@ -938,12 +939,19 @@ class StreamWorker:
                 try:
                     self._txn.abort(cancel)
                 except Exception as exc:
-                    # The producer is unusable (kafka-python made it fatal): the loop
-                    # replaces it before taking new work; the new one fences this one,
-                    # which aborts its transaction on the broker.
                     cancel()
-                    self._producer_broken = True
                     self.log.warning("abort_failed", error=f"{type(exc).__name__}: {exc}")
+                    if fenced(self._producer):
+                        # Another producer took this transactional id (a newer incarnation
+                        # of this replica): a new producer here would fence it in turn.
+                        self._failure = self._failure or WorkerFailed(
+                            "fenced: another producer with this transactional id started"
+                        )
+                    else:
+                        # The producer is unusable (kafka-python made it fatal): the loop
+                        # replaces it before taking new work; the new one fences this
+                        # one, which aborts its transaction on the broker.
+                        self._producer_broken = True
                 self.metrics.record_aborted()
             else:
                 cancel()

@@ -329,11 +329,11 @@ def _broker_sigstop(run: Run) -> None:
 
 def _twin(run: Run) -> None:
     """A second worker with replica 0's settings (its transactional id). Under exactly-
-    once the broker fences one of the two in turn: the first when the twin starts; the
-    first, fenced, sets up a new producer and so fences the twin. Whichever is fenced at
-    its commit fails; neither is restarted (a restart with the same id would fence the
-    survivor again: a Ray actor restarts with the same id, which is why a replica index
-    must never run twice). Under at-least-once both run."""
+    once the broker fences the first when the twin starts; the first, refused, stops (it
+    never sets up a producer again: that would fence the twin in turn). Neither is
+    restarted (a restart with the same id would fence the survivor: a Ray actor restarts
+    with the same id, which is why a replica index must never run twice). Under
+    at-least-once both run."""
     with run.lock:
         run.add(10, like=0)
         run.retired.update({0, 10})

@@ -246,3 +246,42 @@ def test_a_transaction_in_an_abortable_error_state_is_aborted_and_read_again(
     assert wt.worker.status()["state"] == "running"
     wt.worker.drain()
     wt.join()
+
+
+def test_a_fenced_worker_stops_without_fencing_the_producer_that_fenced_it(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """Another producer initialises the worker's transactional id (a newer incarnation of
+    the same replica) while a batch is at the engine. The worker's sends and its abort are
+    then refused; it must stop, not set up a producer of its own again: that one would
+    fence the newer incarnation and abort its transaction (the fault matrix's twin cell
+    saw the two fence each other in turn)."""
+    from kafka import KafkaProducer
+
+    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL)
+    classifier, engine = classifier_with(GateEngine, settings)
+    engine.gate.set()
+    first = pipeline.produce_requests(8)
+    wt = WorkerThread(settings, classifier=classifier).start()
+    worker_threads.append(wt)
+    reader = pipeline.reader(read_committed=True)
+    reader.read_until(lambda r: set(r.keys()) >= set(first), 90, "the first results")
+    engine.gate.clear()
+    engine.entered.clear()
+    pipeline.produce_requests(8)
+    assert engine.entered.wait(60), "no batch reached the engine"
+    newer = KafkaProducer(
+        **pipeline.conn.client_kwargs(client_id="newer-incarnation"),
+        transactional_id=settings.transactional_id,
+    )
+    try:
+        newer.init_transactions()  # fences the worker's producer, aborts its transaction
+        engine.gate.set()
+        wait_for(lambda: wt.error is not None, 90, "the fenced worker to stop")
+        assert "fenced" in str(wt.error), wt.error
+        # The newer producer still owns the id: its transaction commits.
+        newer.begin_transaction()
+        newer.send(pipeline.output, key=b"newer", value=b"{}")
+        newer.commit_transaction()
+    finally:
+        newer.close(timeout=10)

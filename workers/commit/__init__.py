@@ -5,6 +5,7 @@ from workers.commit.committers import (
     Committer,
     ExactlyOnceCommitter,
     Marks,
+    fenced,
 )
 from workers.commit.offsets import OffsetTracker, Ready, commit_offsets
 
@@ -16,4 +17,5 @@ __all__ = [
     "OffsetTracker",
     "Ready",
     "commit_offsets",
+    "fenced",
 ]

@@ -279,3 +279,13 @@ class ExactlyOnceCommitter:
 
     def _call(self, call: Callable[[], Any], what: str) -> Any:
         return bounded(call, self._timeout_s, what)
+
+
+def fenced(producer: Any) -> bool:
+    """Whether a transactional producer was fenced: kafka-python's transaction manager went
+    fatal with ProducerFencedError (another producer initialised the same transactional
+    id). kafka-python says so only in its private state; the refusals it raises after that
+    are plain KafkaErrors naming the error in their text."""
+    manager = getattr(producer, "_transaction_manager", None)
+    error = getattr(manager, "last_error", None)
+    return isinstance(error, ProducerFencedError) or error is ProducerFencedError
