@@ -71,15 +71,12 @@ def start(
     """
     return start_nodes(
         home,
-        n=1,
         ports=[port] if port else None,
         controller_ports=[controller_port] if controller_port else None,
         prefer_default_port=port is None,
         lib_dir=lib_dir,
         timeout_s=timeout_s,
         overrides=overrides,
-        standalone=True,
-        replication=1,
         heap_opts=heap_opts,
     )
 
@@ -108,14 +105,11 @@ def start_cluster(
     return start_nodes(
         home,
         n=n,
-        ports=None,
-        controller_ports=None,
         lib_dir=lib_dir,
         timeout_s=timeout_s,
         overrides=overrides,
         standalone=False,
         replication=rf,
-        prefer_default_port=False,
         heap_opts=heap_opts,
     )
 
@@ -123,19 +117,21 @@ def start_cluster(
 def start_nodes(
     home_arg: str | os.PathLike[str] | None,
     *,
-    n: int,
-    ports: list[int] | None,
-    controller_ports: list[int] | None,
     lib_dir: str | os.PathLike[str] | None,
     timeout_s: float,
     overrides: dict[str, str] | None,
-    standalone: bool,
-    replication: int,
-    prefer_default_port: bool,
+    n: int = 1,
+    ports: list[int] | None = None,
+    controller_ports: list[int] | None = None,
+    standalone: bool = True,
+    replication: int = 1,
+    prefer_default_port: bool = False,
     extra_listeners: Sequence[str] = (),
     format_args: Sequence[str] = (),
     heap_opts: str | None = None,
 ) -> BrokerInfo:
+    """Start `n` nodes (by default one, standalone, on free ports) from `home_arg`, or
+    return the running broker, or resume the kept one."""
     t0 = time.monotonic()
     home = resolve_home(home_arg)
     home.mkdir(parents=True, exist_ok=True)

@@ -65,15 +65,9 @@ def start_secure(
     try:
         info = start_nodes(
             h,
-            n=1,
-            ports=None,
-            controller_ports=None,
             lib_dir=lib_dir,
             timeout_s=timeout_s,
             overrides=overrides,
-            standalone=True,
-            replication=1,
-            prefer_default_port=False,
             extra_listeners=("SASL_SSL", "SSL"),
             format_args=scram,
         )
