@@ -25,11 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# Test support (tests/support/, and the worker tests' helpers it uses, tests/worker/).
-for _p in (ROOT, ROOT / "tests", ROOT / "tests" / "worker"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
+
+from bench import ROOT, use_test_support
+
+use_test_support()
 
 from support.ray_cluster import ray_cluster  # noqa: E402
 from support.spike import (  # noqa: E402

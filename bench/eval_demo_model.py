@@ -30,10 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# Test support (tests/support/): the mis-wirings that show the check can fail.
-if str(ROOT / "tests") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tests"))
+from bench import ROOT, use_test_support
+
+use_test_support()  # tests/support/: the mis-wirings that show the check can fail
 
 from support.miswire import MISWIRINGS  # noqa: E402
 

@@ -38,11 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# Test support: the matrix's harness (tests/support/) and the worker tests' helpers it uses.
-for _p in (ROOT, ROOT / "tests", ROOT / "tests" / "worker"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
+
+from bench import use_test_support
+
+use_test_support()
 
 from support.fault_matrix import (  # noqa: E402
     BATCHING,

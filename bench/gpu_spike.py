@@ -29,11 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# The repository, and test support (tests/support/ and the worker tests' helpers it uses).
-for _p in (ROOT, ROOT / "tests", ROOT / "tests" / "worker"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
+
+from bench import use_test_support
+
+use_test_support()
 
 from support.ray_cluster import NAMESPACE, pipeline_status, ray_cluster  # noqa: E402
 from support.spike import run_spike  # noqa: E402

@@ -1,35 +1,10 @@
 """The producer's client: classify a state over Kafka and get the result back.
 
-Request-reply: each request names this client's reply topic (`reply_topic`) and is sent
-keyed by its id; the worker publishes the result there, keyed like its request; a background
-thread matches results to waiting calls by id. Both output formats are read: a dgstream
-result (a `ClassificationResult`, matched by its `id`) and, from a pipeline with
-`output_format: jev`, Jev's response shape (a `JevResponse`, which has no id: matched by
-the record's key). Requests are validated with the same entry point the worker uses
-before they are sent, so a bad request fails here, at once, with its error code.
-
-Some requests can only be refused by the pipeline (a `question_set` it does not define, a
-request the engine cannot read): the worker puts those on the pipeline's dead-letter topic.
-Given that topic (`dead_letter_topic=`), the client watches it too and fails the waiting
-call at once with `RequestFailed` (the worker's code and message) instead of a timeout. A
-dead letter counts only when its request id is waiting here and the original request named
-this client's reply topic, so other producers' dead letters are passed over.
-
-Errors: `RequestInvalid` (refused before sending), `RequestFailed` (refused by the
-pipeline), `TimeoutError` (no answer in time). Creating a client checks the connection
-first: `KafkaConnectError` (a `ConnectionError`; `.reason` is "authentication", "tls",
-"secret", "protocol" or "unreachable") says at once why these settings cannot work.
-
-The Kafka settings are a `KafkaConnection`, the object the pipeline's topology uses too:
-`Client(load_topology(path).kafka, ...)` connects as the deployment does, and
-`Client(KafkaConnection.from_env(), ...)` from `DGSTREAM_KAFKA_*` variables; a password is
-read from the environment variable it names.
-
-    with Client("127.0.0.1:9092", "moderation.requests",
-                dead_letter_topic="moderation.dead-letters") as client:
-        result = client.classify("you idiot!!!", question_set="moderation")
-        for result in client.classify_many(requests, max_in_flight=256):
-            ...
+Request-reply: each request names this client's reply topic and is keyed by its id; a
+background thread matches results to waiting calls. Requests are checked before sending
+with the worker's own entry point, and the pipeline's dead letters fail the waiting call at
+once. How results and dead letters are matched, the errors and the connection settings:
+docs/client.md.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ pipeline's handling of engine faults, not an engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from waiting import wait_for
@@ -25,34 +26,48 @@ DELIVERIES = ["at_least_once", "exactly_once"]
 # --------------------------------------------------------------------------- engines
 
 
-class GateEngine:
-    """The fake engine, holding every read while `gate` is closed. `entered` is set once
-    a read waits at the gate; `calls` counts reads started."""
+class _Wrapped:
+    """What the engines here share: the fake engine inside, whose info they report, whose
+    reads they pass on (`_passed_on`) when they let them through, and whose close they call."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-        self.calls = 0
 
     @property
     def info(self) -> Any:
         return self.inner.info
+
+    async def _passed_on(self, reads: Sequence[Any]) -> list[Any]:
+        out: list[Any] = await self.inner.read(reads)
+        return out
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class GateEngine(_Wrapped):
+    """The fake engine, holding every read while `gate` is closed. `entered` is set once
+    a read waits at the gate; `calls` counts reads started."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls = 0
 
     async def read(self, reads: Sequence[Any]) -> list[Any]:
         self.calls += 1
         while not self.gate.is_set():
             self.entered.set()
             await asyncio.sleep(0.01)  # cancellable, unlike a thread waiting on the gate
-        out: list[Any] = await self.inner.read(reads)
-        return out
+        return await self._passed_on(reads)
 
     async def close(self) -> None:
         self.gate.set()
-        await self.inner.close()
+        await super().close()
 
 
-class DownEngine:
+class DownEngine(_Wrapped):
     """The fake engine, out of reach while `down` is set: every read raises
     `error()` (EngineUnavailable by default: a remote server refusing connections; a
     RecoverableEngineError for a local engine that fails everything). `calls` counts
@@ -61,38 +76,27 @@ class DownEngine:
     def __init__(self, inner: Any, error: Callable[[], Exception] | None = None) -> None:
         from workers.engine.types import EngineUnavailable
 
-        self.inner = inner
+        super().__init__(inner)
         self.down = threading.Event()
         self.down.set()
         self.error = error or (lambda: EngineUnavailable("connection refused"))
         self.calls = 0
 
-    @property
-    def info(self) -> Any:
-        return self.inner.info
-
     async def read(self, reads: Sequence[Any]) -> list[Any]:
         self.calls += 1
         if self.down.is_set():
             raise self.error()
-        out: list[Any] = await self.inner.read(reads)
-        return out
-
-    async def close(self) -> None:
-        await self.inner.close()
+        return await self._passed_on(reads)
 
 
-class CrashOn:
+class CrashOn(_Wrapped):
     """The fake engine, crashing on any read of a request whose id starts with `prefix`:
     a FatalEngineError (the worker fails; Ray would restart it), or, with `exit_code`, the
     whole process dies at once (as an engine that segfaults or is killed for memory)."""
 
     def __init__(self, inner: Any, prefix: str = "crash", exit_code: int | None = None) -> None:
-        self.inner, self.prefix, self.exit_code = inner, prefix, exit_code
-
-    @property
-    def info(self) -> Any:
-        return self.inner.info
+        super().__init__(inner)
+        self.prefix, self.exit_code = prefix, exit_code
 
     async def read(self, reads: Sequence[Any]) -> list[Any]:
         if any(r.tag.startswith(self.prefix) for r in reads):
@@ -101,14 +105,10 @@ class CrashOn:
             from workers.engine.types import FatalEngineError
 
             raise FatalEngineError("CUDA error: an illegal memory access was encountered")
-        out: list[Any] = await self.inner.read(reads)
-        return out
-
-    async def close(self) -> None:
-        await self.inner.close()
+        return await self._passed_on(reads)
 
 
-class FlakyEngine:
+class FlakyEngine(_Wrapped):
     """The fake engine, failing now and then as a transient fault does (a CUDA launch
     failure, an OOM under a burst): a read raises a RecoverableEngineError with
     probability `fail_rate` (a seeded generator), but never twice for one request, so a
@@ -119,17 +119,13 @@ class FlakyEngine:
     def __init__(self, inner: Any, fail_rate: float = 0.2, seed: int = 0) -> None:
         import random
 
-        self.inner = inner
+        super().__init__(inner)
         self.fail_rate = fail_rate
         self.down = threading.Event()
         self._rng = random.Random(seed)
         self._failed: set[str] = set()  # tags of the reads a failure has hit
         self.calls = 0
         self.failures = 0
-
-    @property
-    def info(self) -> Any:
-        return self.inner.info
 
     async def read(self, reads: Sequence[Any]) -> list[Any]:
         from workers.engine.types import EngineUnavailable, RecoverableEngineError
@@ -143,11 +139,7 @@ class FlakyEngine:
             self._failed |= tags
             self.failures += 1
             raise RecoverableEngineError("CUDA error: unspecified launch failure")
-        out: list[Any] = await self.inner.read(reads)
-        return out
-
-    async def close(self) -> None:
-        await self.inner.close()
+        return await self._passed_on(reads)
 
 
 def classifier_with(engine_type: Callable[[Any], Any], settings: Any) -> tuple[Any, Any]:
@@ -163,28 +155,28 @@ def classifier_with(engine_type: Callable[[Any], Any], settings: Any) -> tuple[A
 # --------------------------------------------------------------------------- the group
 
 
-def _admin(conn: KafkaConnection) -> Any:
+@contextlib.contextmanager
+def _admin(conn: KafkaConnection) -> Iterator[Any]:
+    """An admin client for the block, closed after it."""
     from kafka import KafkaAdminClient
 
-    return KafkaAdminClient(**conn.client_kwargs(client_id="dgstream-tests-faults"))
+    admin = KafkaAdminClient(**conn.client_kwargs(client_id="dgstream-tests-faults"))
+    try:
+        yield admin
+    finally:
+        admin.close()
 
 
 def member_ids(conn: KafkaConnection, group: str) -> set[str]:
-    admin = _admin(conn)
-    try:
+    with _admin(conn) as admin:
         described = admin.describe_groups([group])
-    finally:
-        admin.close()
     return {m["member_id"] for m in described[group]["members"]}
 
 
 def group_members(conn: KafkaConnection, group: str) -> list[dict[str, Any]]:
     """The group's members as the coordinator describes them (member_id, client_id, ...)."""
-    admin = _admin(conn)
-    try:
+    with _admin(conn) as admin:
         described = admin.describe_groups([group])
-    finally:
-        admin.close()
     return list(described[group]["members"])
 
 
@@ -193,11 +185,8 @@ def kick_member(conn: KafkaConnection, group: str, member_id: str) -> None:
     expires: its next heartbeat gets UNKNOWN_MEMBER_ID, its partitions are lost."""
     from kafka.admin import MemberToRemove
 
-    admin = _admin(conn)
-    try:
+    with _admin(conn) as admin:
         result = admin.remove_group_members(group, [MemberToRemove(member_id=member_id)])
-    finally:
-        admin.close()
     errors = [e for e in result.values() if e.__name__ != "NoError"]
     assert not errors, errors
 
@@ -214,33 +203,24 @@ def kick_worker(conn: KafkaConnection, group: str, worker: Any, timeout_s: float
 def delete_topic(conn: KafkaConnection, topic: str) -> None:
     """Delete a topic and wait until the cluster no longer lists it (a worker's producer,
     which does not auto-create topics, then cannot write to it)."""
-    admin = _admin(conn)
-    try:
+    with _admin(conn) as admin:
         admin.delete_topics([topic])
         wait_for(lambda: topic not in admin.list_topics(), 30, f"{topic} deleted")
-    finally:
-        admin.close()
 
 
 def set_topic_config(conn: KafkaConnection, topic: str, configs: dict[str, str]) -> None:
     """Change a topic's configs (dynamic: they take effect within moments)."""
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    admin = _admin(conn)
-    try:
+    with _admin(conn) as admin:
         admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)])
-    finally:
-        admin.close()
 
 
 def transaction_state(conn: KafkaConnection, transactional_id: str) -> str:
     """The transaction coordinator's state of a transactional id ("Ongoing" while a
     transaction is open)."""
-    admin = _admin(conn)
-    try:
+    with _admin(conn) as admin:
         described = admin.describe_transactions([transactional_id])
-    finally:
-        admin.close()
     state = described[transactional_id].state
     return str(getattr(state, "value", state))
 

@@ -7,8 +7,9 @@ that `dgstream --help` stays instant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from topology.commands import Refused as _Refused
@@ -195,6 +196,26 @@ def _deployment_spec(args: argparse.Namespace) -> Any:
     )
 
 
+@contextlib.contextmanager
+def _controller_of(args: argparse.Namespace) -> Iterator[tuple[Any, Any | None]]:
+    """(the Ray section, the deployment's controller or None when none runs), connected to
+    that Ray for the block and disconnected after it."""
+    import ray
+
+    from topology.controller import get_controller
+
+    spec = _deployment_spec(args)
+    _connect(spec, log_to_driver=False, logging_level="WARNING")
+    try:
+        try:
+            ctl = get_controller(spec.deployment, spec.namespace)
+        except ValueError:
+            ctl = None
+        yield spec, ctl
+    finally:
+        ray.shutdown()
+
+
 def _no_controller(spec: Any) -> int:
     print(
         f"no controller named {spec.deployment!r} is running in namespace {spec.namespace!r}",
@@ -208,14 +229,10 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     `dgstream run --detach`, or another host's `dgstream run`)."""
     import ray
 
-    from topology.controller import get_controller, stop_controller
+    from topology.controller import stop_controller
 
-    spec = _deployment_spec(args)
-    _connect(spec, log_to_driver=False, logging_level="WARNING")
-    try:
-        try:
-            ctl = get_controller(spec.deployment, spec.namespace)
-        except ValueError:
+    with _controller_of(args) as (spec, ctl):
+        if ctl is None:
             return _no_controller(spec)
         try:
             st = ray.get(ctl.status.remote(), timeout=60)
@@ -224,8 +241,6 @@ def _cmd_stop(args: argparse.Namespace) -> int:
             workers = []
         print(f"stopping {spec.deployment}: draining workers ...", file=sys.stderr, flush=True)
         last = stop_controller(ctl, drain=not args.no_drain, timeout_s=args.timeout)
-    finally:
-        ray.shutdown()
     if last is None:
         print("the controller did not answer in time; removed it", file=sys.stderr)
         return 1
@@ -238,18 +253,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     import ray
 
-    from topology.controller import get_controller
-
-    spec = _deployment_spec(args)
-    _connect(spec, log_to_driver=False, logging_level="WARNING")
-    try:
-        try:
-            ctl = get_controller(spec.deployment, spec.namespace)
-        except ValueError:
+    with _controller_of(args) as (spec, ctl):
+        if ctl is None:
             return _no_controller(spec)
         st = ray.get(ctl.status.remote(), timeout=60)
-    finally:
-        ray.shutdown()
     if args.json:
         print(json.dumps(st, indent=2, default=str))
         return 0

@@ -2,28 +2,10 @@
 killed while it runs) is isolated after a bounded number of restarts and dead-lettered
 POISON, instead of a crash loop with unbounded duplicates.
 
-Where the count lives: in the metadata of the partition's committed offset (Kafka keeps a
-string of up to offset.metadata.max.bytes, 4 KiB by default, beside each committed
-offset). Chosen over a topic of its own because it is per partition and per group
-already, it travels with the offset it describes (under exactly-once, in the same
-transaction), needs no extra topic, ACL or reader, survives any restart, and every
-ordinary commit clears it (it writes ""). The cost: one more commit per partition when it
-is assigned, and one per record while a partition is suspect.
-
-The protocol, per partition, with `Attempts(started, alone)` stored at committed offset C:
-
-1. When this incarnation first gets records of the partition, it reads the metadata at C
-   and writes `started + 1` before any of them goes to the engine. A clean finish (a
-   commit past C) clears it; a crash leaves it raised for the next owner.
-2. `started >= suspect_after`, or any `alone`: the partition is *suspect*: its next
-   `window` records (as many as one incarnation can have in flight) run one at a time,
-   each alone in the worker (nothing else in flight) and committed on its own; before
-   each, the worker writes `alone + 1` at its offset (once per incarnation). A crash now
-   names its record.
-3. `alone >= poison_after` at C: the record at C is dead-lettered POISON without running.
-
-A clean drain or revocation that made no progress on a partition writes back what it
-read, so that leaving is not counted as a crash.
+The attempts are counted in the metadata of the partition's committed offset, so the count
+is per partition and group, travels with the offset (under exactly-once, in the same
+transaction) and every ordinary commit clears it. Why there, and the protocol step by step:
+docs/worker.md, "Poison records".
 """
 
 from __future__ import annotations

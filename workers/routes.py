@@ -1,33 +1,10 @@
 """Routes: where each result goes, decided by conditions over its answers.
 
-A pipeline's routes are an ordered list of `{name, when, topic}`; the first whose condition
-holds sends the result to its topic, else it goes to the pipeline's output topic (the
-"default" route). A request's own `reply_topic` wins over routes (a client waits there).
-
-Conditions are a small expression language, tokenized and parsed here (never `eval`):
-
-    condition  := or
-    or         := and ("or" and)*
-    and        := not ("and" not)*
-    not        := "not" not | comparison
-    comparison := operand (("<" | "<=" | ">" | ">=" | "==" | "!=") operand)*
-    operand    := number | "-" number | string | "true" | "false" | field | "(" or ")"
-    field      := question_id "." name
-
-`0.4 <= toxic.p_yes < 0.9` chains as in Python (both comparisons hold). Strings are in
-double or single quotes (backslash escapes \\\\ \\" \\' \\n \\t). Fields (see `FIELDS`):
-p_yes, confidence, score (Jev's: 0-based expected level), expected_score (ours: 1-based),
-level, choice, label, entropy, label_mass, stderr, agreement, skipped.
-
-A field with no value (a question not asked or not in the result, a kind without that
-field, one read's stderr) is unknown; comparisons with it are unknown, and `and`/`or`/`not`
-follow three-valued logic (false and unknown = false; true or unknown = true). A route
-matches only when its condition is true.
-
-`check_condition` finds what can be known when the topology loads: unknown fields, fields
-of the wrong kind of question, unknown question ids and option or level names (when the
-pipeline's question sets are known), comparisons that are always false or always true
-(`toxic.p_yes >= 1.5`), and conjunctions that no value satisfies (`0.9 <= x < 0.4`).
+The first route whose condition holds sends a result to its topic, else it goes to the
+pipeline's output topic; a request's own `reply_topic` wins over both. Conditions are a
+small expression language tokenized and parsed here (never `eval`), with three-valued logic
+for fields that have no value; `check_condition` finds at load time what can be known to be
+wrong. The grammar, the fields and the checks: docs/routes.md.
 """
 
 from __future__ import annotations
