@@ -48,14 +48,17 @@ class FakeConsumer:
         self.calls = calls
         self.meta = GroupMetadata()
         self._assignment = set(assignment or ())
+        self.committed: dict[TopicPartition, OffsetAndMetadata] = {}  # the last commit, whole
 
     def commit(
         self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout_ms: Any = None
     ) -> None:
         self.calls.call("commit", {tp: m.offset for tp, m in offsets.items()}, timeout_ms)
+        self.committed = dict(offsets)
 
     def commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         self.calls.call("commit_async", {tp: m.offset for tp, m in offsets.items()})
+        self.committed = dict(offsets)
 
     def group_metadata(self) -> GroupMetadata:
         return self.meta
@@ -76,8 +79,13 @@ class FakeFuture:
 
 
 class FakeProducer:
-    def __init__(self, calls: Calls) -> None:
+    def __init__(self, calls: Calls, *, flushes_to_deliver: int = 0) -> None:
         self.calls = calls
+        self.sent: list[tuple[str, bytes, bytes | None, Any]] = []  # every send, whole
+        self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}  # the last offsets sent
+        # Sends stay undelivered until this many flushes (a batch the broker split).
+        self._flushes_left = flushes_to_deliver
+        self._futures: list[FakeFuture] = []
 
     def init_transactions(self) -> None:
         self.calls.call("init_transactions")
@@ -87,7 +95,11 @@ class FakeProducer:
 
     def send(self, topic: str, value: bytes, key: bytes | None, headers: Any) -> Any:
         self.calls.call("send", topic, key)
-        return FakeFuture(self.calls.fail.get("delivery"))
+        self.sent.append((topic, value, key, headers))
+        future = FakeFuture(self.calls.fail.get("delivery"))
+        future.is_done = self._flushes_left == 0
+        self._futures.append(future)
+        return future
 
     def send_offsets_to_transaction(
         self, offsets: dict[TopicPartition, OffsetAndMetadata], meta: GroupMetadata
@@ -97,6 +109,7 @@ class FakeProducer:
             {tp: m.offset for tp, m in offsets.items()},
             (meta.generation_id, meta.member_id),
         )
+        self.offsets = dict(offsets)
 
     def commit_transaction(self) -> None:
         self.calls.call("commit_transaction")
@@ -106,3 +119,8 @@ class FakeProducer:
 
     def flush(self, timeout: float | None = None) -> None:
         self.calls.call("flush", timeout)
+        if self._flushes_left:
+            self._flushes_left -= 1
+        if not self._flushes_left:
+            for f in self._futures:
+                f.is_done = True
