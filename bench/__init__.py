@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def use_test_support() -> None:
-    """Make the test support importable: tests/ (support/, waiting, faults) and tests/worker/
+    """Make the test support importable: tests/ (support/, waiting, faults) and tests/workers/
     (the worker tests' helpers that support/ uses)."""
-    for path in (ROOT / "tests", ROOT / "tests" / "worker"):
+    for path in (ROOT / "tests", ROOT / "tests" / "workers"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))

@@ -22,7 +22,7 @@ thawed; a kill or a deletion ends at once) to the last result that came late (mo
     PYTHONPATH=. .venv/bin/python bench/fault_matrix.py --brokers single --faults kill9
 
 It starts its own brokers, prints the table, and with `--write` rewrites the
-"fault-matrix" section of docs/benchmarks.md. The CI tier (tests/worker/test_fault_matrix.py)
+"fault-matrix" section of docs/benchmarks.md. The CI tier (tests/workers/test_fault_matrix.py)
 runs some of the same cells, smaller; DGSTREAM_FAULT_MATRIX=full runs them all there.
 
 Every fault of the list runs on both brokers where it means something; the one left out:

@@ -1,5 +1,5 @@
 """The fault matrix's harness: faults x {at_least_once, exactly_once} on real brokers, each
-cell checked against an oracle. `tests/worker/test_fault_matrix.py` runs its CI tier;
+cell checked against an oracle. `tests/workers/test_fault_matrix.py` runs its CI tier;
 `bench/fault_matrix.py` runs every cell and writes the table (its docstring says what a cell
 is and when it passes)."""
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BrokerKind = Literal["single", "cluster"]
 BROKERS: tuple[BrokerKind, ...] = ("single", "cluster")
 DELIVERIES = ("at_least_once", "exactly_once")
-WORKER_PROCESS = ROOT / "tests" / "worker" / "worker_process.py"
+WORKER_PROCESS = ROOT / "tests" / "workers" / "worker_process.py"
 
 # Small initial heaps: the matrix runs four brokers at most (one single, a cluster of
 # three) on a shared machine. The maximum stays the project's default, 512 MB: with 256 MB
@@ -169,7 +169,7 @@ class ThreadReplica:
 
 
 class ProcessReplica:
-    """One incarnation of a replica in a process of its own (tests/worker/worker_process.py),
+    """One incarnation of a replica in a process of its own (tests/workers/worker_process.py),
     for the faults that hit a process: kill -9, SIGSTOP. Its log goes to `log_path`."""
 
     def __init__(self, slot: int, settings: Any, log_path: Path) -> None:

@@ -3,7 +3,7 @@ each for one test module.
 
 The scenario and its helpers live in test support (`tests/support/`: the benchmark runs the
 same spike and draws its timeline); the request/reader helpers in
-`tests/worker/worker_helpers.py`, whose directory goes on `sys.path` here.
+`tests/workers/worker_helpers.py`, whose directory goes on `sys.path` here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT, ROOT / "tests" / "worker"):
+for _p in (ROOT, ROOT / "tests" / "workers"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -551,7 +551,7 @@ def test_table_is_large_and_covers_most_codes() -> None:
         E.DUPLICATE_LABEL_TOKEN,
         E.TEMPLATE_TOO_LONG,
         E.ENGINE_FAILED,
-        # the worker's, once the request was read: tests/worker
+        # the worker's, once the request was read: tests/workers
         E.POISON,
         E.OUTPUT_TOO_LARGE,
         E.REPLY_TOPIC_NOT_ALLOWED,
