@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # Every word here is in the tokenizer's word list (workers/engine/tokenizer.py `_WORDS`);
-# tests/engine/test_demo_model.py checks it. The lists do not overlap.
+# tests/workers/engine/test_demo_model.py checks it. The lists do not overlap.
 
 ENGLISH = """
 the a and or but if then so because is are was were have has had do does did not you your
