@@ -78,7 +78,8 @@ try:
     from vllm.v1.engine.input_processor import InputProcessor
 except Exception as exc:  # CI installs vllm: its absence is a failure, not a skip
     raise ImportError(
-        "tests/unit/test_vllm_adapter.py needs vllm==0.33.x importable (`make setup-vllm`); "
+        "tests/workers/engine/test_vllm_adapter.py needs vllm==0.33.x importable "
+        "(`make setup-vllm`); "
         f"importing it failed with {type(exc).__name__}: {exc}. "
         "Set DGSTREAM_SKIP_VLLM=1 to skip these tests deliberately."
     ) from exc
@@ -609,7 +610,7 @@ def test_remote_engine_out_of_reach_is_unavailable() -> None:
 
 def test_module_imports_without_vllm_names() -> None:
     """The backend module imports vllm only inside functions (actors without it load it)."""
-    source = Path(__file__).parents[2] / "workers" / "engine" / "vllm_backend.py"
+    source = Path(__file__).parents[3] / "workers" / "engine" / "vllm_backend.py"
     top_level = [
         line
         for line in source.read_text().splitlines()
