@@ -13,7 +13,7 @@ import pytest
 
 from infra.kafka.broker import BrokerInfo
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _dgstream() -> list[str]:

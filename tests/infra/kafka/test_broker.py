@@ -20,7 +20,7 @@ from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known, tot
 
 pytestmark = pytest.mark.broker
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 N_MESSAGES = 100
 N_PARTITIONS = 3
 
