@@ -42,10 +42,10 @@ format: $(STAMP)
 
 # The whole suite: lint, types, unit, the real broker, real Ray, vLLM's own validation, in
 # a random order (pytest-randomly; the header prints the seed, `--randomly-seed=N` replays
-# it; `make test SEED=N` too). tests/gpu runs on the GPU machine (bench/gpu_round.sh): here
-# it could only skip.
+# it; `make test SEED=N` too). The gpu tests (tests/workers/engine/test_vllm_gpu.py) run on
+# the GPU machine (bench/gpu_round.sh): here they could only skip.
 SEED ?=
-PYTEST_ARGS := -p randomly --ignore=tests/gpu $(if $(SEED),--randomly-seed=$(SEED))
+PYTEST_ARGS := -p randomly --ignore=tests/workers/engine/test_vllm_gpu.py $(if $(SEED),--randomly-seed=$(SEED))
 test: setup-vllm kafka-jars lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

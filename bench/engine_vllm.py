@@ -411,11 +411,11 @@ def render(paths: list[Path]) -> str:
 
 
 def render_tests(path: Path, bf16_path: Path | None = None) -> str:
-    """The GPU tier's figures (tests/gpu writes them to $DGSTREAM_GPU_OUT/gpu_tests.json)."""
+    """The GPU tier's figures (the gpu tests write them to $DGSTREAM_GPU_OUT/gpu_tests.json)."""
     r = json.loads(path.read_text())
     hf = r["transformers"]
     lines = [
-        "## vLLM against the transformers engine on the GPU: the demo model (tests/gpu)",
+        "## vLLM against the transformers engine on the GPU: the demo model (the gpu tests)",
         "",
         f"{hf['requests']} held-out demo requests through `Classifier`, the same canvases "
         "(noise seeds) for every engine, both engines in fp32 on one H200. Pass: every answer "

@@ -2,7 +2,7 @@
 # One step of the vLLM GPU session, on the GPU machine after `install.sh` (see stage.sh).
 # Logs and JSON go to $OUT (the device tool brings them home); docs/data keeps them.
 #
-#   bash bench/gpu/vllm_session.sh tests        # tests/gpu: demo model, vLLM vs transformers
+#   bash bench/gpu/vllm_session.sh tests        # the gpu tests: demo model, vLLM vs transformers
 #   bash bench/gpu/vllm_session.sh nvfp4|bf16   # full-size shape, dummy weights, 23 GiB
 #   bash bench/gpu/vllm_session.sh transformers # the transformers engine rows, same shapes
 #   bash bench/gpu/vllm_session.sh pipeline     # Kafka + Ray + controller + a vLLM worker
@@ -15,7 +15,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt"
 case "${1:-}" in
   tests)
-    DGSTREAM_GPU_OUT=$out timeout 560 python3 -m pytest tests/gpu -m gpu -v -rs \
+    DGSTREAM_GPU_OUT=$out timeout 560 python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v -rs \
       -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
     ;;
   nvfp4|bf16)

@@ -3,7 +3,7 @@ against the transformers engine on the same GPU, on held-out demo requests.
 
 Skipped where there is no CUDA GPU or no vLLM (CI); run on the GPU machine:
 
-    DGSTREAM_GPU_OUT=$OUT python3 -m pytest tests/gpu -m gpu -v
+    DGSTREAM_GPU_OUT=$OUT python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v
 
 For every request the engines read the same canvases (the noise seeds are the request's),
 so their answers must agree: the same answer to every question and every probability
