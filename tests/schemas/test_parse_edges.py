@@ -379,3 +379,51 @@ def test_a_failure_inside_the_parser_refuses_the_record_and_says_what_broke() ->
     head = "the message could not be read (RuntimeError: "
     assert long.message == (head + "x" * 600)[:500]
     assert (long.code, len(long.message)) == (ErrorCode.INVALID_VALUE, 500)
+
+
+def test_text_holding_a_lone_surrogate_is_refused_as_bytes_would_be() -> None:
+    """A str (a caller that decoded the record itself) with a lone surrogate: encoded with
+    surrogatepass, it fails the UTF-8 check like the raw bytes, instead of raising."""
+    err = _refused('{"id": "\ud800", "state": "x"}')  # type: ignore[arg-type]
+    assert err.code == ErrorCode.INVALID_UTF8
+    assert err.message == "the message is not UTF-8 (byte 8)"
+
+
+def test_a_request_too_deep_for_the_validator_is_refused_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JSON the decoder took can still exhaust the validator's recursion (its own limit
+    differs from the decoder's); the record is refused, and the worker goes on."""
+
+    def too_deep(*args: Any, **kwargs: Any) -> Any:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(ClassificationRequest, "model_validate", too_deep)
+    err = _refused(_raw(_body()))
+    assert (err.code, err.field) == (ErrorCode.INVALID_VALUE, None)
+    assert err.message == "the request is nested too deeply"
+
+
+@pytest.mark.parametrize(
+    ("loc", "field"),
+    [((), "instructions"), (("questions", "rude", "yes_no"), "questions.rude.instructions")],
+    ids=["top-level", "nested"],
+)
+def test_a_refusal_that_names_a_field_below_its_model_keeps_the_path(
+    loc: tuple[str, ...], field: str
+) -> None:
+    """A model-level check (a yes/no question without instructions) names the field it
+    wants; that goes below the model's own path, or alone at the top."""
+    from schemas._common import SUFFIX_CTX
+    from schemas.parse import _classify
+
+    code, _, path = _classify(
+        {
+            "type": ErrorCode.EMPTY_INSTRUCTIONS.value,
+            "loc": loc,
+            "msg": "needs instructions",
+            "input": None,
+            "ctx": {SUFFIX_CTX: "instructions"},
+        }
+    )
+    assert (code, path) == (ErrorCode.EMPTY_INSTRUCTIONS, field)
