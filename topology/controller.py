@@ -1,24 +1,10 @@
 """The controller of a deployment: a named, detached Ray actor that keeps every pipeline's
 pool of workers sized to its backlog.
 
-Per pipeline, every `autoscale.poll_interval_s` (numbered as in `PipelineRunner.tick`):
-0. Once: create the missing topics (the spec's partitions and replication factor) and
-   adopt the replicas a previous controller of this deployment left running.
-1. Measure the group's lag from Kafka (end offset - committed offset, summed). A failed
-   query is not a lag of zero: the size stays and the decision says why. Ask every
-   replica for its counters at once (bounded wait): requests finished per second and
-   engine-seconds per second ("busy": replicas' worth of engine time the load uses).
-2. Count the replicas that could run: those this pipeline holds plus those the free
-   resources (GPUs, CPUs, custom) fit.
-3. Decide the size (`topology.autoscaler`): ceil(lag / target), within min, max,
-   partitions and GPUs, with activation and stabilization windows; scale-in also keeps
-   the replicas the engines' load needs.
-4. Apply it: ask Ray's autoscaler for the GPUs the lag wants when the cluster lacks them
-   (`request_resources`, a hint: a fixed cluster ignores it); start replicas, or drain
-   the highest ones (stop fetching, finish, commit, leave) and remove them.
-5. Check health: a replica whose actor is dead for good (not restarting: Ray restarts a
-   crashed worker by itself), or alive but stopped, is started again under the same name.
-6. Publish: the tick's record (status, history) and Ray metrics.
+Every `autoscale.poll_interval_s` each pipeline's `PipelineRunner.tick` measures the lag,
+counts the replicas that could run, decides the size (`topology.autoscaler`), applies it,
+replaces dead replicas and publishes the tick's record; docs/architecture.md, "The
+controller's tick", walks through the numbered steps.
 """
 
 from __future__ import annotations

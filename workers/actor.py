@@ -1,27 +1,9 @@
 """The Ray actor around one `StreamWorker`: one engine, its GPU, one group member.
 
-The actor is thin on purpose: `StreamWorker` does the work and is tested without Ray. What
-the actor adds:
-
-* placement: `num_gpus` (one GPU with vLLM), `num_cpus`, custom resources, from
-  `WorkerSettings.resources` (`actor_options`);
-* restarts: `max_restarts=-1`. The worker starts in `__init__` (`autostart`), so an actor
-  that Ray restarts resumes consuming by itself; its uncommitted work is consumed again. A
-  fatal error (`WorkerFailed`: fatal engine error, an output that cannot be produced, being
-  fenced) ends the process with `os._exit`, which Ray treats as a crash and restarts;
-* `max_concurrency`: `status()` and `ping()` answer while `drain()` blocks;
-* a Kafka check first (`workers.kafka_probe`): settings that cannot work from this node (a
-  password variable not set here, a refused login, an untrusted certificate) leave the
-  worker unstarted with the reason in `status()["error"]` and its log, instead of a
-  restart every 30 s that ends in a bare "Unable to bootstrap".
-
-Use (the topology controller):
-
-    handle = create_worker(settings)                    # named, detached or not
-    ray.get(handle.ping.remote())                       # alive
-    ray.get(handle.status.remote())                     # counters, lag per partition, state
-    ray.get(handle.drain.remote())                      # scale-in: finish, commit, leave
-    ray.kill(handle, no_restart=True)                   # then remove it (or `retire`)
+Thin on purpose (`StreamWorker` does the work and is tested without Ray): it adds placement,
+restarts (a fatal error ends the process so that Ray restarts it), concurrent status calls,
+and a Kafka check before the worker starts. docs/worker.md, "The Ray actor", has the
+details and the calls the controller makes.
 """
 
 from __future__ import annotations
