@@ -13,7 +13,10 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: faults, waiting
+# The repository first, then tests/ (faults, waiting): run as a file, this process has no
+# repository on its path, and tests/workers/ would stand in for the `workers` package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from faults import CrashOn, classifier_with
 
