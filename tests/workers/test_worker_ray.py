@@ -43,12 +43,22 @@ def _start(pipeline: Pipeline, settings: list[Any]) -> list[Any]:
 def _wait_assigned(handles: list[Any], what: str) -> list[dict[str, Any]]:
     """Until the members together own every input partition, each at least one."""
 
+    last: list[dict[str, Any]] = []
+
     def assigned() -> list[dict[str, Any]] | None:
         statuses = [_status(h) for h in handles]
+        last[:] = statuses
         counts = [len(s["assignment"]) for s in statuses]
         return statuses if sum(counts) == INPUT_PARTITIONS and min(counts) >= 1 else None
 
-    out: list[dict[str, Any]] = wait_for(assigned, START_TIMEOUT_S, what, every_s=0.25)
+    try:
+        out: list[dict[str, Any]] = wait_for(assigned, START_TIMEOUT_S, what, every_s=0.25)
+    except BaseException:
+        # What each member said last (CI once saw this time out on a loaded machine).
+        for s in last:
+            keys = ("state", "assignment", "error", "restarts", "consumed")
+            print({k: s.get(k) for k in keys})
+        raise
     return out
 
 
