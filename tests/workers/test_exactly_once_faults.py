@@ -214,6 +214,27 @@ def test_two_deployments_of_one_pipeline_do_not_fence_each_other(
         w.join()
 
 
+def _a_batch_held_after_the_first(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> tuple[Any, GateEngine, WorkerThread, Any, list[str]]:
+    """An exactly-once worker that answered a first batch (its transactions work) and now
+    holds the next at the engine: settings, engine, worker, a read_committed reader, and
+    every id produced."""
+    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL)
+    classifier, engine = classifier_with(GateEngine, settings)
+    engine.gate.set()
+    first = pipeline.produce_requests(8)
+    wt = WorkerThread(settings, classifier=classifier).start()
+    worker_threads.append(wt)
+    reader = pipeline.reader(read_committed=True)
+    reader.read_until(lambda r: set(r.keys()) >= set(first), 90, "the first results")
+    engine.gate.clear()
+    engine.entered.clear()
+    ids = first + pipeline.produce_requests(8)
+    assert engine.entered.wait(60), "no batch reached the engine"
+    return settings, engine, wt, reader, ids
+
+
 def test_a_transaction_in_an_abortable_error_state_is_aborted_and_read_again(
     pipeline: Pipeline, worker_threads: list[WorkerThread]
 ) -> None:
@@ -225,19 +246,8 @@ def test_a_transaction_in_an_abortable_error_state_is_aborted_and_read_again(
     enters it when a record of the transaction fails."""
     from kafka.errors import KafkaError
 
-    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL)
-    classifier, engine = classifier_with(GateEngine, settings)
-    engine.gate.set()
-    first = pipeline.produce_requests(8)
-    wt = WorkerThread(settings, classifier=classifier).start()
-    worker_threads.append(wt)
-    reader = pipeline.reader(read_committed=True)
-    reader.read_until(lambda r: set(r.keys()) >= set(first), 90, "the first results")
-    # Hold the next batch at the engine, put the transaction in error, then let it send.
-    engine.gate.clear()
-    engine.entered.clear()
-    ids = first + pipeline.produce_requests(8)
-    assert engine.entered.wait(60), "no batch reached the engine"
+    _, engine, wt, reader, ids = _a_batch_held_after_the_first(pipeline, worker_threads)
+    # Put the transaction in error, then let the held batch send.
     manager = wt.worker._producer._transaction_manager
     manager.transition_to_abortable_error(KafkaError("a record of the transaction failed"))
     engine.gate.set()
@@ -258,18 +268,7 @@ def test_a_fenced_worker_stops_without_fencing_the_producer_that_fenced_it(
     saw the two fence each other in turn)."""
     from kafka import KafkaProducer
 
-    settings = pipeline.settings(delivery="exactly_once", batching=_SMALL)
-    classifier, engine = classifier_with(GateEngine, settings)
-    engine.gate.set()
-    first = pipeline.produce_requests(8)
-    wt = WorkerThread(settings, classifier=classifier).start()
-    worker_threads.append(wt)
-    reader = pipeline.reader(read_committed=True)
-    reader.read_until(lambda r: set(r.keys()) >= set(first), 90, "the first results")
-    engine.gate.clear()
-    engine.entered.clear()
-    pipeline.produce_requests(8)
-    assert engine.entered.wait(60), "no batch reached the engine"
+    settings, engine, wt, _, _ = _a_batch_held_after_the_first(pipeline, worker_threads)
     newer = KafkaProducer(
         **pipeline.conn.client_kwargs(client_id="newer-incarnation"),
         transactional_id=settings.transactional_id,
