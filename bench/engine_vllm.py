@@ -511,9 +511,7 @@ def render_tuning(paths: list[Path]) -> str:
         shared = [r for r in body["rows"] if r["variant"] == "vllm/shared"]
         best = max(shared, key=lambda r: r["reads_per_s"])
         label = _variant(info) if "vllm_tuning" in str(p) else "before: 8 seqs (lowered)"
-        if info["settings"]["max_num_batched_tokens"] == MEASURED_DEFAULT_TOKENS and (
-            info["settings"]["async_scheduling"] is False
-        ):
+        if _is_default(info["settings"]):
             label = f"**{label}** (the defaults)"
         lines.append(
             f"| {label} | {info['kv_cache_tokens']:,} | {info['start_s']:.0f} "
@@ -563,5 +561,10 @@ def _per_batch(paths: list[Path]) -> list[str]:
     return out
 
 
-# VllmSettings.max_num_batched_tokens' default, chosen from these runs.
-MEASURED_DEFAULT_TOKENS = 4096
+def _is_default(settings: dict[str, Any]) -> bool:
+    """Whether a run used VllmSettings' own scheduling defaults (chosen from these runs)."""
+    from workers.engine.vllm_backend import VllmSettings
+
+    defaults = VllmSettings()
+    knobs = ("max_num_seqs", "max_num_batched_tokens", "async_scheduling")
+    return all(settings[k] == getattr(defaults, k) for k in knobs)
