@@ -4,6 +4,7 @@ in one shared `events` list, and fails on demand (`fail[name] = exception`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,9 +79,19 @@ class FakeFuture:
         return self.exception is not None
 
 
+class _FakeTransactionManager:
+    """The part of kafka-python's transaction manager the committer reaches into: offsets
+    sent to the transaction and not yet accepted by the coordinator."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._pending_txn_offset_commits: dict[TopicPartition, OffsetAndMetadata] = {}
+
+
 class FakeProducer:
     def __init__(self, calls: Calls, *, flushes_to_deliver: int = 0) -> None:
         self.calls = calls
+        self._transaction_manager = _FakeTransactionManager()
         self.sent: list[tuple[str, bytes, bytes | None, Any]] = []  # every send, whole
         self.offsets: dict[TopicPartition, OffsetAndMetadata] = {}  # the last offsets sent
         # Sends stay undelivered until this many flushes (a batch the broker split).
@@ -104,12 +115,17 @@ class FakeProducer:
     def send_offsets_to_transaction(
         self, offsets: dict[TopicPartition, OffsetAndMetadata], meta: GroupMetadata
     ) -> None:
+        # As kafka-python does: the offsets join those still pending, all are sent, and
+        # only offsets the coordinator accepts leave the pending set.
+        pending = self._transaction_manager._pending_txn_offset_commits
+        pending.update(offsets)
         self.calls.call(
             "send_offsets_to_transaction",
-            {tp: m.offset for tp, m in offsets.items()},
+            {tp: m.offset for tp, m in pending.items()},
             (meta.generation_id, meta.member_id),
         )
-        self.offsets = dict(offsets)
+        self.offsets = dict(pending)
+        pending.clear()
 
     def commit_transaction(self) -> None:
         self.calls.call("commit_transaction")

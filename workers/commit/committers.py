@@ -7,6 +7,7 @@ deciding *what* may be committed is `workers.commit.offsets.OffsetTracker`'s job
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -194,6 +195,7 @@ class ExactlyOnceCommitter:
                 # 3. The offsets into the same transaction, with the member id and
                 #    generation, so the coordinator refuses them from a zombie.
                 if offsets:
+                    _drop_refused_offsets(self._producer)
                     self._call(
                         lambda: self._producer.send_offsets_to_transaction(offsets, meta),
                         "send_offsets_to_transaction",
@@ -279,6 +281,20 @@ class ExactlyOnceCommitter:
 
     def _call(self, call: Callable[[], Any], what: str) -> Any:
         return bounded(call, self._timeout_s, what)
+
+
+def _drop_refused_offsets(producer: Any) -> None:
+    """Forget the offsets an earlier transaction left pending in kafka-python's transaction
+    manager. kafka-python 3.0 removes a partition's pending offset only when the coordinator
+    accepts it; offsets it refused (a stale member or generation) stay, the transaction is
+    aborted, and the next transaction's TxnOffsetCommit sends them again with its own, so a
+    transaction commits offsets of records it never read. By the time this transaction adds
+    its offsets the earlier ones have ended (committed: none pending; aborted: stale)."""
+    manager = getattr(producer, "_transaction_manager", None)
+    pending = getattr(manager, "_pending_txn_offset_commits", None)
+    if isinstance(pending, dict) and pending:
+        with getattr(manager, "_lock", None) or contextlib.nullcontext():
+            pending.clear()
 
 
 def fenced(producer: Any) -> bool:

@@ -266,3 +266,21 @@ def test_the_batches_of_some_partitions_are_theirs_only() -> None:
     assert t.batches([T0]) == [both]
     assert t.batches([T1]) == [both, only_t1]
     assert t.batches([T2]) == []  # never tracked
+
+
+def test_offsets_the_coordinator_refused_do_not_ride_with_the_next_transaction() -> None:
+    """kafka-python keeps refused offsets pending and sends them with the next
+    transaction's (the fake does the same); the next commit carries its own only."""
+    from kafka.errors import CommitFailedError
+
+    calls, fake, committer, tracker = _eos()  # a batch of T0 and T1 sent
+    calls.fail["send_offsets_to_transaction"] = CommitFailedError("UNKNOWN_MEMBER_ID")
+    with pytest.raises(CommitRefused):
+        committer.commit(tracker.ready)
+    committer.abort()
+    del calls.fail["send_offsets_to_transaction"]
+    later, fresh = _batch(2, (T1, 9)), OffsetTracker()
+    fresh.track(later)
+    committer.send(later, [Output("out", b"k", b"v", [], later.entries[0], None)])
+    assert committer.commit(fresh.ready) == {T1: (10, 1)}
+    assert {tp: m.offset for tp, m in fake.offsets.items()} == {T1: 10}
