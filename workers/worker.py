@@ -84,6 +84,13 @@ _IDLE_POLL_MS = 100
 _LAG_EVERY_S = 0.5
 # Close the clients within this bound on the way out.
 _CLOSE_TIMEOUT_S = 10.0
+# A committed-offset lookup (one OffsetFetch round trip to the group coordinator) gives up
+# after this long: kafka-python retries it without a bound while the coordinator is unknown
+# or answers a retriable error (UNSTABLE_OFFSET_COMMIT while an open transaction holds
+# offsets of the partition, until that transaction ends), and the consumer thread blocked
+# there neither polls nor commits. 10 s: a quarter of the default session timeout (45 s),
+# long against a round trip on a loaded loopback broker (milliseconds).
+_OFFSET_FETCH_TIMEOUT_MS = 10_000
 # An output the broker refuses for good reads the open work again at once, this many times
 # in a row at most (one suffices once the output check knows the topic's new limit or
 # ACLs); past that, the refusals are handled as an outage: backoff, within the budget.
@@ -664,7 +671,7 @@ class StreamWorker:
         """The partition's first records this incarnation: count the attempt (committed
         before they run, in the committed offset's metadata)."""
         try:
-            meta = self._consumer.committed(tp, metadata=True)
+            meta = self._consumer.committed(tp, metadata=True, timeout_ms=_OFFSET_FETCH_TIMEOUT_MS)
         except Exception as exc:
             self.log.warning("committed_offset_unknown", partition=tp_name(tp), error=str(exc))
             meta = None
@@ -973,12 +980,19 @@ class StreamWorker:
         if not self._rewind:
             return records
         consumer, assigned = self._consumer, self._assignment
-        for tp, fallback in self._rewind.items():
+        for tp, fallback in list(self._rewind.items()):
             records.pop(tp, None)
             if tp in assigned:
-                committed = consumer.committed(tp)
+                try:
+                    committed = consumer.committed(tp, timeout_ms=_OFFSET_FETCH_TIMEOUT_MS)
+                except KafkaError as exc:
+                    # Unknown for now: the partition's records wait (dropped from this
+                    # poll), and the next pass asks again; a guess could read past work
+                    # that another member committed meanwhile.
+                    self.log.warning("rewind_deferred", partition=tp_name(tp), error=str(exc))
+                    continue
                 consumer.seek(tp, fallback if committed is None else committed)
-        self._rewind.clear()
+            del self._rewind[tp]
         return records
 
     def _await_batches(self, tps: set[TopicPartition]) -> bool:

@@ -125,6 +125,36 @@ def kill_workers(namespace: str, prefix: str = "dgstream-") -> int:
     return killed
 
 
+def describe_workers(namespace: str, prefix: str, log_dir: str = "", lines: int = 40) -> str:
+    """What each worker of `namespace` named `prefix*` says of itself (state, assignment,
+    group, counters, last error) and the last lines of the Ray workers' stderr logs under
+    `log_dir`: printed when a test times out waiting on them."""
+    import ray
+
+    out = ["load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())]
+    keys = ("state", "assignment", "group", "committed", "consumed", "answered", "last_error")
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] != namespace or not entry["name"].startswith(prefix):
+            continue
+        try:
+            st = ray.get(
+                ray.get_actor(entry["name"], namespace=namespace).status.remote(), timeout=30
+            )
+            out.append(f"{entry['name']}: { ({k: st.get(k) for k in keys}) }")
+        except Exception as exc:  # the diagnosis must not hide the failure it explains
+            out.append(f"{entry['name']}: status failed: {type(exc).__name__}: {exc}")
+    if log_dir:
+        from pathlib import Path
+
+        for path in sorted(Path(log_dir).rglob("worker-*.err")):
+            tail = [t[:600] for t in path.read_text(errors="replace").splitlines()[-lines:]]
+            if any('"event"' in t or "kafka" in t for t in tail):  # a dgstream actor's log
+                out.append(f"--- {path.name}\n" + "\n".join(tail))
+    if len(out) == 1:
+        out.append(f"no worker named {prefix}* in {namespace}")
+    return "\n".join(out)
+
+
 @contextlib.contextmanager
 def running_controller(topo: dict[str, Any], *, drain: bool = True) -> Iterator[Any]:
     """The topology's controller, started; shut down (workers drained) and removed after,

@@ -21,10 +21,12 @@ import pytest
 import yaml
 from cli_runner import run_cli
 from secure_kafka import PASSWORD_ENV, WRONG_PASSWORD_ENV, SecureBroker
-from support.ray_cluster import pipeline_status, running_controller
+from support.ray_cluster import describe_workers, pipeline_status, running_controller
 from support.spike import pipeline_io, request_value, topology, unique
 from waiting import wait_for
 from worker_helpers import OutputReader
+
+from workers.actor import replica_prefix
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -109,6 +111,11 @@ def test_controller_and_worker_on_ray_over_tls_and_scram(
         out = OutputReader(conn, topo["pipelines"][0]["output_topic"], False)
         try:
             out.read_until(lambda r: len(set(r.keys())) >= 20, 300, "20 answers over TLS")
+        except BaseException:
+            # A fresh-clone CI run once saw no answer in 300 s from a worker said running.
+            prefix = replica_prefix(topo["ray"]["deployment"], name)
+            print(describe_workers(topo["ray"]["namespace"], prefix, c.temp_dir))
+            raise
         finally:
             out.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from typing import Any
 
 import pytest
@@ -55,8 +56,9 @@ def _wait_assigned(handles: list[Any], what: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = wait_for(assigned, START_TIMEOUT_S, what, every_s=0.25)
     except BaseException:
         # What each member said last (CI once saw this time out on a loaded machine).
+        print("load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
         for s in last:
-            keys = ("state", "assignment", "error", "restarts", "consumed")
+            keys = ("state", "assignment", "group", "error", "last_error", "restarts", "consumed")
             print({k: s.get(k) for k in keys})
         raise
     return out
