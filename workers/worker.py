@@ -70,12 +70,14 @@ _FULL_WAIT_S = 0.05
 # poll-interval check (max_poll_interval_ms) and rebalances see a live member. One second:
 # well below any sane max_poll_interval_ms, and rebalances wait for this member's rejoin.
 _FULL_POLL_EVERY_S = 1.0
-# A rejoin is pending: poll this long at a time, so the JoinGroup/SyncGroup round trip
-# (which waits for the other members) completes inside poll() rather than between calls:
-# kafka-python 3.0 (coordinator/base.py, join_group_async) sends a new JoinGroup when the
-# previous one finished while no poll() was waiting on it, and a leader's rejoin starts a
-# new rebalance. 200 ms: a join on a quiet group takes tens of milliseconds.
-_REJOIN_POLL_MS = 200
+# A rejoin is pending: poll this long at a time, and commit nothing in between, so the
+# JoinGroup/SyncGroup round trip (which waits for the other members) completes inside
+# poll() rather than between calls: kafka-python 3.0 (coordinator/base.py,
+# join_group_async) takes a join's result only while a poll() waits on it, and sends a new
+# JoinGroup when it finished meanwhile; a leader's new JoinGroup starts a new rebalance.
+# A join waits on the slowest member (seconds when one is busy, a member's session when
+# one is frozen); 2 s bounds how late the loop sees a stop or a drain meanwhile.
+_REJOIN_POLL_MS = 2_000
 # When nothing is in flight and no batch is being filled, poll waits this long for data
 # (it returns as soon as some arrives; the bound only sets how often control is checked).
 _IDLE_POLL_MS = 100
@@ -501,9 +503,13 @@ class StreamWorker:
 
     def _loop_body(self) -> None:
         while True:
-            # 1. Settle: acknowledged batches -> contiguous prefixes -> commit.
+            # 1. Settle: acknowledged batches -> contiguous prefixes -> commit; while a
+            #    rejoin is pending only the first (see _REJOIN_POLL_MS).
             with self._state_lock:
-                self._settle(sync=True)
+                if self._rejoin_pending():
+                    self._apply_completions()
+                else:
+                    self._settle(sync=True)
             # 2. Control.
             if self._control():
                 return
