@@ -164,8 +164,9 @@ def test_worker_joining_and_draining_mid_run_loses_nothing(
 
     from workers.actor import create_worker, retire
 
-    # 5 ms a read: the first worker alone needs about 15 s, so the second joins mid-run.
-    engine = EngineSettings(backend="fake", fake_cost_per_read_s=0.005)
+    # 10 ms a read: the first worker alone needs about 25 s, so the second joins mid-run
+    # (with 5 ms, a loaded machine once let the first answer all 2,000 before the join).
+    engine = EngineSettings(backend="fake", fake_cost_per_read_s=0.01)
     first, second = (pipeline.settings(replica=i, engine=engine) for i in range(2))
     window = first.batching.max_in_flight * first.batching.max_records
     [a] = _start(pipeline, [first])
