@@ -38,14 +38,10 @@ CI_CELLS = {
 
 
 # Cells that found a defect not yet fixed: they run, and report it, without failing CI.
-KNOWN_DEFECTS = {
-    ("single", "twin", "exactly_once"): "a second worker with the same transactional id: "
-    "in 1 CI run of 2026-12-01 one id (r98) was neither answered nor dead-lettered while the "
-    "group's offsets reached the end. The fenced worker then set up a new producer and fenced "
-    "the survivor in turn; it now stops instead (test_a_fenced_worker_stops_without_fencing_"
-    "the_producer_that_fenced_it), and the cell passed 3 of 3 runs since. Kept non-strict "
-    "until CI runs confirm the loss went with the ping-pong",
-}
+# (One cell was here until 2026-12-01: "single, twin, exactly-once" lost one id in one CI
+# run. Two fixes since explain it: a fenced worker no longer fences its successor, and a
+# refused transaction's offsets no longer ride with the next one. It passed every run since.)
+KNOWN_DEFECTS: dict[tuple[str, str, str], str] = {}
 
 
 def _cells() -> list[Any]:
