@@ -382,9 +382,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ctrl_c_interrupts() -> None:
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt even in a process that inherited SIGINT
+    ignored, as a shell starts its background jobs (`dgstream run topology.yaml &`, then
+    `kill -INT`): the long-running commands drain or stop on it, as on SIGTERM."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _ctrl_c_interrupts()
     try:
         rc: int = args.func(args)
     except _Refused as exc:

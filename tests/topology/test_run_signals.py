@@ -78,7 +78,15 @@ def test_run_drains_and_exits_0_when_stopped(
     cmd = [sys.executable, "-m", "topology.cli", "run", str(path), "--address"]
     cmd += [gpu_cluster.address, "--interval", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Started as a shell starts a background job, SIGINT ignored: Ctrl-C must work anyway.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         ctl = wait_for(lambda: _controller(topo), 120, "the controller", every_s=0.5)
         wait_for(lambda: pipeline_status(ctl, name)["ready"] == 1, 180, "a worker running")

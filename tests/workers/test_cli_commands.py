@@ -206,6 +206,8 @@ def test_dlq_lists_from_the_beginning_and_exits_at_the_end(
             stdout=sink,
             stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            # As a shell starts a background job, SIGINT ignored: Ctrl-C must work anyway.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
         try:
             wait_for(lambda: len(listing.read_text().splitlines()) >= 6, 60, "the six")
