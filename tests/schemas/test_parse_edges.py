@@ -318,8 +318,17 @@ def test_dependency_cycles_are_found(deps: dict[str, list[str]], cycle: str, fie
     assert err.message == f"{field}: dependency cycle {cycle}"
 
 
-def test_a_diamond_is_no_cycle() -> None:
-    got = _graph({"d": [], "b": ["d"], "c": ["d"], "a": ["b", "c"]})
+@pytest.mark.parametrize(
+    "deps",
+    [
+        {"d": [], "b": ["d"], "c": ["d"], "a": ["b", "c"]},
+        # The top first: one search reaches d twice, through b and then through c.
+        {"a": ["b", "c"], "b": ["d"], "c": ["d"], "d": []},
+    ],
+    ids=["bottom-first", "top-first"],
+)
+def test_a_diamond_is_no_cycle(deps: dict[str, list[str]]) -> None:
+    got = _graph(deps)
     assert isinstance(got, ClassificationRequest), got
     assert got.stages() == [["d"], ["b", "c"], ["a"]]
 
