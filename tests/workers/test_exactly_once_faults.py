@@ -55,13 +55,36 @@ def test_partitions_lost_with_batches_in_flight_are_not_committed_by_the_next_co
     wt.join()
 
 
+def _member_and_producer(
+    pipeline: Pipeline, name: str, session_ms: int, heartbeat_ms: int
+) -> tuple[Any, Any]:
+    """A plain group member of the pipeline's group (not yet subscribed) and a
+    transactional producer with the id "<group>-<name>": a committer's two clients."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    consumer = KafkaConsumer(
+        **pipeline.conn.client_kwargs(client_id=name),
+        group_id=pipeline.group,
+        enable_auto_commit=False,
+        session_timeout_ms=session_ms,
+        heartbeat_interval_ms=heartbeat_ms,
+    )
+    producer = KafkaProducer(
+        **pipeline.conn.client_kwargs(client_id=f"{name}-p"),
+        transactional_id=f"{pipeline.group}-{name}",
+        enable_idempotence=True,
+        acks="all",
+    )
+    return consumer, producer
+
+
 def test_a_zombie_commits_no_offsets_after_its_generation_was_reset(
     pipeline: Pipeline,
 ) -> None:
     """kafka-python resets a kicked member's generation to -1 and its member id to "" on
     the heartbeat that learns of it; the coordinator checks a transactional offset commit
     carrying those against nothing. The committer must refuse it."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import TopicPartition
 
     from workers.batches import Batch, Entry, Output
     from workers.commit import ExactlyOnceCommitter, OffsetTracker
@@ -69,19 +92,8 @@ def test_a_zombie_commits_no_offsets_after_its_generation_was_reset(
     from workers.kafka_admin import subscribe_known
 
     conn = pipeline.conn
-    consumer = KafkaConsumer(
-        **conn.client_kwargs(client_id="zombie"),
-        group_id=pipeline.group,
-        enable_auto_commit=False,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=500,
-    )
-    producer = KafkaProducer(
-        **conn.client_kwargs(client_id="zombie-p"),
-        transactional_id=f"{pipeline.group}-zombie",  # the check below reads its state
-        enable_idempotence=True,
-        acks="all",
-    )
+    # The transactional id is "<group>-zombie": the check below reads its state.
+    consumer, producer = _member_and_producer(pipeline, "zombie", 6000, 500)
     try:
         subscribe_known(consumer, [pipeline.input])
         wait_for(lambda: consumer.poll(100) is not None and consumer.assignment(), 60, "joined")
@@ -295,7 +307,7 @@ def test_offsets_of_a_refused_transaction_are_not_committed_by_the_next_one(
     them with the next transaction's: partition 0's committed offset would be set by a
     transaction that never read it (the fault matrix's broker-SIGSTOP cell saw a group's
     offset left 23 records short that way, the records answered by the member after)."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka import TopicPartition
 
     from workers.batches import Batch, Entry, Output
     from workers.commit import ExactlyOnceCommitter, OffsetTracker
@@ -303,20 +315,8 @@ def test_offsets_of_a_refused_transaction_are_not_committed_by_the_next_one(
     from workers.kafka_admin import subscribe_known
 
     conn = pipeline.conn
-    consumer = KafkaConsumer(
-        **conn.client_kwargs(client_id="refused"),
-        group_id=pipeline.group,
-        enable_auto_commit=False,
-        # A heartbeat only every 10 s: the member learns of its removal after the commit.
-        session_timeout_ms=30_000,
-        heartbeat_interval_ms=10_000,
-    )
-    producer = KafkaProducer(
-        **conn.client_kwargs(client_id="refused-p"),
-        transactional_id=f"{pipeline.group}-refused",
-        enable_idempotence=True,
-        acks="all",
-    )
+    # A heartbeat only every 10 s: the member learns of its removal after the commit.
+    consumer, producer = _member_and_producer(pipeline, "refused", 30_000, 10_000)
 
     def sent(committer: ExactlyOnceCommitter, tp: TopicPartition, n: int) -> OffsetTracker:
         batch, tracker = Batch(n), OffsetTracker()
