@@ -7,7 +7,6 @@ deciding *what* may be committed is `workers.commit.offsets.OffsetTracker`'s job
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -290,10 +289,10 @@ def _drop_refused_offsets(producer: Any) -> None:
     aborted, and the next transaction's TxnOffsetCommit sends them again with its own, so a
     transaction commits offsets of records it never read. By the time this transaction adds
     its offsets the earlier ones have ended (committed: none pending; aborted: stale)."""
-    manager = getattr(producer, "_transaction_manager", None)
+    manager: Any = getattr(producer, "_transaction_manager", None)
     pending = getattr(manager, "_pending_txn_offset_commits", None)
-    if isinstance(pending, dict) and pending:
-        with getattr(manager, "_lock", None) or contextlib.nullcontext():
+    if pending:  # a kafka-python without this private state: nothing to drop
+        with manager._lock:  # kafka-python's own, taken by its sender thread too
             pending.clear()
 
 

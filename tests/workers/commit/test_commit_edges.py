@@ -284,3 +284,16 @@ def test_offsets_the_coordinator_refused_do_not_ride_with_the_next_transaction()
     committer.send(later, [Output("out", b"k", b"v", [], later.entries[0], None)])
     assert committer.commit(fresh.ready) == {T1: (10, 1)}
     assert {tp: m.offset for tp, m in fake.offsets.items()} == {T1: 10}
+
+
+def test_a_producer_without_kafka_pythons_pending_offsets_has_none_to_drop() -> None:
+    """Dropping refused offsets reads kafka-python's private state; a producer without it
+    (another kafka-python, or none pending) is left alone instead of failing the commit."""
+    from workers.commit.committers import _drop_refused_offsets
+
+    for producer in (SimpleNamespace(), SimpleNamespace(_transaction_manager=SimpleNamespace())):
+        _drop_refused_offsets(producer)  # no AttributeError
+    pending = {T0: OffsetAndMetadata(3, "", -1)}
+    manager = SimpleNamespace(_pending_txn_offset_commits=pending, _lock=threading.Lock())
+    _drop_refused_offsets(SimpleNamespace(_transaction_manager=manager))
+    assert pending == {} and not manager._lock.locked()
