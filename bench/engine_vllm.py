@@ -120,6 +120,8 @@ class PeakMemory:
     """The card's largest memory use, sampled with NVML (the engine lives in a child; this
     process never opens a CUDA context of its own)."""
 
+    _STEP = 256 * 2**20  # a timeline point per 256 MiB moved: the start has a few dozen
+
     def __init__(self, every_s: float = 0.05) -> None:
         import pynvml
 
@@ -131,6 +133,10 @@ class PeakMemory:
         self._every = every_s
         self.peak = 0
         self.processes: dict[int, float] = {}
+        # (unix time, GiB used) whenever use moved by a step or more: when, in vLLM's
+        # timestamped log, the start's transients happen.
+        self.timeline: list[tuple[float, float]] = []
+        self._last = -self._STEP
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -141,6 +147,9 @@ class PeakMemory:
             if used > self.peak:
                 self.peak = used
                 self.processes = self._processes()
+            if abs(used - self._last) >= self._STEP:
+                self.timeline.append((round(time.time(), 2), round(used / 2**30, 3)))
+                self._last = used
             self._stop.wait(self._every)
 
     def _processes(self) -> dict[int, float]:
@@ -280,15 +289,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_tokens": int(kv_tokens[-1].replace(",", "")) if kv_tokens else None,
         "kv_blocks": cache.num_gpu_blocks,
         "block_size": cache.block_size,
-        # Start (weights loaded, profiled, graphs captured) and serving, apart: dummy NVFP4
-        # weights are made in bf16 and then packed, a transient a real checkpoint skips.
+        # Start (weights loaded, profiled, graphs captured) and serving, apart: the start
+        # peaks above the budget (gpu_memory_utilization sizes the KV cache after it).
         "start_peak_gib": start_peak / 2**30,
         "start_peak_processes_gib": start_processes,
         "peak_gib": peak.close() / 2**30,
         "peak_processes_gib": peak.processes,
+        "memory_timeline": peak.timeline,
         "settings": settings.model_dump(),
     }
-    print(f"# {json.dumps({k: v for k, v in info.items() if k != 'settings'})}", flush=True)
+    brief = {k: v for k, v in info.items() if k not in ("settings", "memory_timeline")}
+    print(f"# {json.dumps(brief)}", flush=True)
     return {"info": info, "rows": rows, "args": vars(args)}
 
 
