@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -36,6 +37,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +202,14 @@ def run_plain(
 
 
 def run_worker(
-    conn: KafkaConnection, topic: str, out: str, n: int, classifier: Any
+    conn: KafkaConnection,
+    topic: str,
+    out: str,
+    n: int,
+    classifier: Any,
+    batching: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """A `StreamWorker` on a thread until `n` answers are committed; its final status."""
     group = f"bench-worker-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings(
         pipeline="bench",
@@ -212,6 +220,7 @@ def run_worker(
         kafka=conn,
         engine=EngineSettings(backend="fake"),
         log_level="WARNING",
+        **({"batching": batching} if batching else {}),
     )
     worker = StreamWorker(settings, classifier=classifier)
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -230,6 +239,23 @@ def run_worker(
     return status
 
 
+@contextlib.contextmanager
+def broker_at(bootstrap: str | None) -> Iterator[str]:
+    """`bootstrap` when given, else a local broker started for the run and removed after."""
+    if bootstrap:
+        yield bootstrap
+        return
+    from infra.kafka import broker
+
+    broker.fetch()
+    home = Path(tempfile.mkdtemp(prefix="dg-bench-kafka-"))
+    try:
+        yield broker.start(home, port=0).bootstrap
+    finally:
+        broker.stop(home, delete_data=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -242,16 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("WARNING")
     load = os.getloadavg()[0]  # other work on the machine skews every variant
 
-    home = None
-    if args.bootstrap:
-        bootstrap = args.bootstrap
-    else:
-        from infra.kafka import broker
-
-        broker.fetch()
-        home = Path(tempfile.mkdtemp(prefix="dg-bench-kafka-"))
-        bootstrap = broker.start(home, port=0).bootstrap
-    try:
+    with broker_at(args.bootstrap) as bootstrap:
         conn = KafkaConnection(bootstrap_servers=bootstrap)
         topic = f"bench-in-{uuid.uuid4().hex[:8]}"
         ensure_topics(conn, {topic: PARTITIONS})
@@ -286,12 +303,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"run {rep + 1} {variant:>6}: {r['rate']:,.0f} results/s "
                     f"({r['records']} in {r['span_s']:.2f} s)"
                 )
-    finally:
-        if home is not None:
-            from infra.kafka import broker
-
-            broker.stop(home, delete_data=True)
-            shutil.rmtree(home, ignore_errors=True)
 
     best = {k: max(v) for k, v in rates.items()}
     ratio = best["worker"] / best["same"]
