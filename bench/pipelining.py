@@ -25,6 +25,7 @@ import platform
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,7 +34,7 @@ from bench.worker_overhead import (
     PARTITIONS,
     broker_at,
     make_messages,
-    output_rate,
+    measured,
     produce_input,
     run_worker,
 )
@@ -69,16 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         classifier = build_classifier(engine, {}, "bench")
         for rep in range(args.repeat):
             for in_flight in (1, 2):
-                out = f"bench-pipe-out-{in_flight}-{rep}-{uuid.uuid4().hex[:6]}"
-                ensure_topics(conn, {out: PARTITIONS, f"{out}-dlq": 1})
                 batching = {"max_records": args.max_records, "max_in_flight": in_flight}
-                run_worker(conn, topic, out, args.messages, classifier, batching)
-                r = output_rate(conn, out, args.messages)
-                rates[in_flight].append(r["rate"])
-                print(
-                    f"run {rep + 1}, {in_flight} in flight: {r['rate']:,.0f} results/s "
-                    f"({r['records']} in {r['span_s']:.2f} s)"
-                )
+
+                def run(out: str, batching: dict[str, int] = batching) -> Any:
+                    return run_worker(conn, topic, out, args.messages, classifier, batching)
+
+                label = f"run {rep + 1}, {in_flight} in flight"
+                rates[in_flight].append(measured(conn, args.messages, label, run))
 
     best = {k: max(v) for k, v in rates.items()}
     ratio = best[2] / best[1]

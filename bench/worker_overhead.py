@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +239,16 @@ def run_worker(
     return status
 
 
+def measured(conn: KafkaConnection, n: int, label: str, run: Callable[[str], Any]) -> float:
+    """`run(output_topic)` into a fresh output topic; the rate of its `n` results, printed."""
+    out = f"bench-out-{uuid.uuid4().hex[:10]}"
+    ensure_topics(conn, {out: PARTITIONS, f"{out}-dlq": 1})
+    run(out)
+    r = output_rate(conn, out, n)
+    print(f"{label}: {r['rate']:,.0f} results/s ({r['records']} in {r['span_s']:.2f} s)")
+    return float(r["rate"])
+
+
 @contextlib.contextmanager
 def broker_at(bootstrap: str | None) -> Iterator[str]:
     """`bootstrap` when given, else a local broker started for the run and removed after."""
@@ -289,20 +299,18 @@ def main(argv: list[str] | None = None) -> int:
         rates: dict[str, list[float]] = {"worker": [], "same": [], "echo": []}
         for rep in range(args.repeat):
             for variant in ("worker", "same", "echo"):
-                out = f"bench-out-{variant}-{rep}-{uuid.uuid4().hex[:6]}"
-                ensure_topics(conn, {out: PARTITIONS, f"{out}-dlq": 1})
                 if variant == "worker":
-                    run_worker(conn, topic, out, args.messages, classifier)
+
+                    def run(out: str) -> Any:
+                        return run_worker(conn, topic, out, args.messages, classifier)
                 else:
-                    run_plain(
-                        conn, topic, out, args.messages, classifier if variant == "same" else None
-                    )
-                r = output_rate(conn, out, args.messages)
-                rates[variant].append(r["rate"])
-                print(
-                    f"run {rep + 1} {variant:>6}: {r['rate']:,.0f} results/s "
-                    f"({r['records']} in {r['span_s']:.2f} s)"
-                )
+                    engine = classifier if variant == "same" else None
+
+                    def run(out: str, engine: Any = engine) -> Any:
+                        return run_plain(conn, topic, out, args.messages, engine)
+
+                rate = measured(conn, args.messages, f"run {rep + 1} {variant:>6}", run)
+                rates[variant].append(rate)
 
     best = {k: max(v) for k, v in rates.items()}
     ratio = best["worker"] / best["same"]
