@@ -32,7 +32,9 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +148,13 @@ def through_kafka(args: argparse.Namespace, warm: list[Any], examples: list[Any]
             ready_s = time.perf_counter() - t_start
             # The measured burst: from the first send to the last result, so every batch's
             # time in the engine and on the broker is inside the clock.
+            workers = ray.get(ctl.status.remote())["pipelines"]["gpu"]["workers"]
+            sampler = _WorkerSampler(ray.get_actor(workers[0], namespace="dgstream-gpu"))
             t0 = time.perf_counter()
             _produce(producer, examples)
             seen = _collect(results, {ex.request["id"] for ex in examples}, args.timeout_s)
             span = seen.pop("_last") - t0
-            return {**seen, "ready_after_s": ready_s, "span_s": span}
+            return {**seen, "ready_after_s": ready_s, "span_s": span, "worker": sampler.stop()}
         finally:
             if ctl is not None:
                 with contextlib.suppress(Exception):
@@ -159,6 +163,44 @@ def through_kafka(args: argparse.Namespace, warm: list[Any], examples: list[Any]
                 ray.shutdown()
             broker.stop(home=home, delete_data=True)
             shutil.rmtree(home, ignore_errors=True)
+
+
+class _WorkerSampler:
+    """The worker's batches in flight and engine time, sampled every 100 ms during the
+    burst: whether it kept `max_in_flight` batches at the engine, and the engine's seconds
+    per second of the span (above 1: its calls overlapped)."""
+
+    def __init__(self, actor: Any) -> None:
+        self._actor = actor
+        self._samples: list[dict[str, Any]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import ray
+
+        while not self._done.is_set():
+            with contextlib.suppress(Exception):
+                st = ray.get(self._actor.status.remote(), timeout=5)
+                keys = ("in_flight", "batches", "engine_calls", "engine_seconds", "answered")
+                self._samples.append({"t": time.perf_counter(), **{k: st[k] for k in keys}})
+            self._done.wait(0.1)
+
+    def stop(self) -> dict[str, Any]:
+        self._done.set()
+        self._thread.join(10)
+        s = self._samples
+        if len(s) < 2:
+            return {"samples": len(s)}
+        span = s[-1]["t"] - s[0]["t"]
+        return {
+            "samples": len(s),
+            "in_flight_counts": dict(Counter(x["in_flight"] for x in s)),
+            "batches": s[-1]["batches"] - s[0]["batches"],
+            "engine_calls": s[-1]["engine_calls"] - s[0]["engine_calls"],
+            "engine_busy": (s[-1]["engine_seconds"] - s[0]["engine_seconds"]) / span,
+        }
 
 
 def _produce(producer: Any, examples: list[Any]) -> None:
@@ -283,6 +325,7 @@ def main() -> int:
         "ready_after_s": piped["ready_after_s"],
         "span_s": piped["span_s"],
         "engine_alone_s": alone_s,
+        "worker": piped["worker"],
         "pipeline": report.summary(),
         "engine_alone": alone_report.summary(),
         "args": vars(args),
