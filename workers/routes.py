@@ -4,11 +4,13 @@ The first route whose condition holds sends a result to its topic, else it goes 
 pipeline's output topic; a request's own `reply_topic` wins over both. Conditions are a
 small expression language tokenized and parsed here (never `eval`), with three-valued logic
 for fields that have no value; `check_condition` finds at load time what can be known to be
-wrong. The grammar, the fields and the checks: docs/routes.md.
+wrong: a comparison the field's range decides, or a whole condition no answer makes true.
+The grammar, the fields and the checks: docs/routes.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -451,19 +453,21 @@ def _any(values: Iterable[Value]) -> Value:
     return None if unknown else False
 
 
-def _evaluate(node: Node, result: ClassificationResult) -> Value:
+def _evaluate(node: Node, value_of: Callable[[FieldRef], Value]) -> Value:
+    """The node's three-valued value, each field's value from `value_of` (None: unknown):
+    a result's answers when routing, a trial assignment when checking (`_can_hold`)."""
     if isinstance(node, Num | Text | Bool):
         return node.value
     if isinstance(node, FieldRef):
-        return _field_value(result, node)
+        return value_of(node)
     if isinstance(node, Not):
-        inner = _evaluate(node.item, result)
+        inner = _evaluate(node.item, value_of)
         return None if inner is None else not inner
     if isinstance(node, And):
-        return _all(_evaluate(item, result) for item in node.items)
+        return _all(_evaluate(item, value_of) for item in node.items)
     if isinstance(node, Or):
-        return _any(_evaluate(item, result) for item in node.items)
-    values = [_evaluate(o, result) for o in node.operands]
+        return _any(_evaluate(item, value_of) for item in node.items)
+    values = [_evaluate(o, value_of) for o in node.operands]
 
     def pair(k: int) -> Value:
         a, b = values[k], values[k + 1]
@@ -481,23 +485,27 @@ class Condition:
 
     def evaluate(self, result: ClassificationResult) -> bool:
         """Whether the condition holds for `result` (unknown counts as not holding)."""
-        return _evaluate(self.tree, result) is True
+        return _evaluate(self.tree, lambda ref: _field_value(result, ref)) is True
 
     def fields(self) -> list[FieldRef]:
         """Every field the condition reads, in order."""
-        out: list[FieldRef] = []
-        stack: list[Node] = [self.tree]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, FieldRef):
-                out.append(node)
-            elif isinstance(node, Not):
-                stack.append(node.item)
-            elif isinstance(node, And | Or):
-                stack.extend(reversed(node.items))
-            elif isinstance(node, Compare):
-                stack.extend(reversed(node.operands))
-        return out
+        return _fields(self.tree)
+
+
+def _fields(tree: Node) -> list[FieldRef]:
+    out: list[FieldRef] = []
+    stack: list[Node] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, FieldRef):
+            out.append(node)
+        elif isinstance(node, Not):
+            stack.append(node.item)
+        elif isinstance(node, And | Or):
+            stack.extend(reversed(node.items))
+        elif isinstance(node, Compare):
+            stack.extend(reversed(node.operands))
+    return out
 
 
 def parse_condition(text: str) -> Condition:
@@ -572,10 +580,10 @@ def _check_text(ref: FieldRef, text: Text, op: str, infos: Sequence[QuestionInfo
     kinds = FIELDS[ref.name].kinds
     allowed = {a for i in infos if i.kind in kinds for a in i.answers}
     if text.value not in allowed:
-        verdict = "never true" if op == "==" else "always true"
+        verdict = "false" if op == "==" else "true"
         raise RouteError(
-            f"{ref} {op} {text.value!r} is {verdict}: {ref.question}'s answers are "
-            + ", ".join(repr(a) for a in sorted(allowed)),
+            f"{ref} {op} {text.value!r} is {verdict} whatever the answer: {ref.question}'s "
+            "answers are " + ", ".join(repr(a) for a in sorted(allowed)),
             text.pos,
         )
 
@@ -596,7 +604,6 @@ class _Interval(NamedTuple):
         return self.low > self.high or (self.low == self.high and (self.low_open or self.high_open))
 
 
-_EVERYTHING = _Interval(-math.inf, True, math.inf, True)
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 
@@ -627,52 +634,163 @@ def _span(low: float, high: float) -> _Interval:
 
 
 def _verdict(ref: FieldRef, op: str, c: float, span: _Interval) -> str | None:
-    """ "never" or "always" when `ref op c` cannot depend on the value, else None."""
+    """ "false" or "true" when `ref op c` cannot depend on the value, else None."""
     if op == "!=":
         inside = not span.meet(_Interval(c, False, c, False)).empty
-        return None if inside else "always"
+        return None if inside else "true"
     ok = _allowed(op, c)
     assert ok is not None
     if span.meet(ok).empty:
-        return "never"
-    return "always" if span.meet(ok) == span else None
+        return "false"
+    return "true" if span.meet(ok) == span else None
 
 
 def _check_bounds(node: Compare, ranges: Mapping[str, tuple[float, float]]) -> None:
+    """A comparison that the field's range decides (a threshold out of range, or one of its
+    ends) is a mistake wherever it stands: a typo or a scale (confidence is 0..1, not %)."""
     for ref, op, c, num in _bounds(node):
         low, high = ranges[str(ref)]
         verdict = _verdict(ref, op, c, _span(low, high))
         if verdict is not None:
             raise RouteError(
-                f"{ref} {op} {c:g} is {verdict} true: {ref} lies in {low:g}..{high:g}", num.pos
+                f"{ref} {op} {c:g} is {verdict} whatever the answer: {ref} lies in "
+                f"{low:g}..{high:g}",
+                num.pos,
             )
 
 
-def _conjuncts(items: Sequence[Node]) -> Iterable[Compare]:
-    """The comparisons an `and` requires, through nested `and`s."""
-    stack = list(items)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Compare):
-            yield item
-        elif isinstance(item, And):
-            stack.extend(item.items)
+# --------------------------------------------------------------------------- whole conditions
+
+# Whether some answer makes a whole condition true is found by trying values: each field
+# takes a few representatives (the constants it is compared with, points between them and
+# the ends of its range), between which no comparison changes its outcome, and the search
+# assigns them one field at a time. Three-valued logic prunes it: a condition false while
+# some fields are still unknown is false whatever they turn out to be. Fields are taken as
+# independent (a question's p_yes and confidence too), so the search may find an answer no
+# result has, never miss one: a condition that can be true is never refused. The budget,
+# in evaluations of the condition: the conditions of the tests and docs need under a
+# hundred; the slowest tried, a 1,200-character parity chain over 14 fields that no
+# search shortcut decides, takes about a second to exhaust it (then it is not refused).
+_SEARCH_BUDGET = 5_000
 
 
-def _check_conjunction(
-    items: Sequence[Node], ranges: Mapping[str, tuple[float, float]], pos: int
-) -> None:
-    """Some value of each field satisfies every bound an `and` (or a chain) puts on it."""
-    meet: dict[str, _Interval] = {}
-    for item in _conjuncts(items):
-        for ref, op, c, _ in _bounds(item):
-            ok = _allowed(op, c)
-            if ok is None:
-                continue
-            here = meet.get(str(ref), _span(*ranges[str(ref)])).meet(ok)
-            if here.empty:
-                raise RouteError(f"never true: no value of {ref} meets all its bounds", pos)
-            meet[str(ref)] = here
+def _links(tree: Node) -> tuple[dict[str, set[Value]], dict[str, set[str]]]:
+    """Per field: the constants it is compared with, and the fields it is compared with
+    (transitively, itself included)."""
+    consts: dict[str, set[Value]] = {}
+    group: dict[str, set[str]] = {}
+    for node in _walk(tree):
+        if isinstance(node, FieldRef):
+            consts.setdefault(str(node), set())
+            group.setdefault(str(node), {str(node)})
+        if not isinstance(node, Compare):
+            continue
+        for a, b in zip(node.operands, node.operands[1:], strict=False):
+            if isinstance(a, FieldRef) and isinstance(b, FieldRef):
+                joined = group.setdefault(str(a), {str(a)}) | group.setdefault(str(b), {str(b)})
+                for name in joined:
+                    group[name] = joined
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, FieldRef) and isinstance(y, Num | Text | Bool):
+                    consts.setdefault(str(x), set()).add(y.value)
+    return consts, group
+
+
+def _numbers(consts: Iterable[float], low: float, high: float, k: int) -> list[Value]:
+    """Representatives of a number in low..high: every constant and finite end, and `k`
+    points inside each gap and beyond an open end (k fields compared with one another may
+    need k distinct values there)."""
+    pts = sorted(
+        {c for c in consts if low <= c <= high} | {e for e in (low, high) if math.isfinite(e)}
+    )
+    pts = pts or [0.0]
+    out: list[Value] = list(pts)
+    steps = [i / (k + 1) for i in range(1, k + 1)]
+    out += [a + (b - a) * t for a, b in itertools.pairwise(pts) for t in steps]
+    if low == -math.inf:
+        out += [pts[0] - i for i in range(1, k + 1)]
+    if high == math.inf:
+        out += [pts[-1] + i for i in range(1, k + 1)]
+    return out
+
+
+def _texts(consts: set[Value], answers: set[str] | None, k: int) -> list[Value]:
+    """Representatives of a text: the question's answers when known, else the constants
+    and `k` texts that are none of them."""
+    if answers is not None:
+        return [*sorted(answers)]
+    out: list[Value] = [*sorted(str(c) for c in consts)]
+    fresh = (f"\x00{i}" for i in itertools.count())
+    out += list(itertools.islice((t for t in fresh if t not in consts), k))
+    return out
+
+
+def _representatives(
+    tree: Node, known: Mapping[str, Sequence[QuestionInfo]] | None
+) -> dict[str, list[Value]]:
+    """Every field's representatives, in the order the condition reads them."""
+    consts, group = _links(tree)
+    out: dict[str, list[Value]] = {}
+    for r in _fields(tree):
+        name = str(r)
+        if name in out:
+            continue
+        pooled = set().union(*(consts[g] for g in group[name]))
+        k = len(group[name])
+        spec = FIELDS[r.name]
+        infos = known.get(r.question) if known else None
+        if spec.type == "number":
+            low, high = _field_range(r, infos)
+            out[name] = _numbers((c for c in pooled if isinstance(c, float)), low, high, k)
+        elif spec.type == "text":
+            answers = (
+                None
+                if infos is None
+                else {a for i in infos if i.kind in spec.kinds for a in i.answers}
+            )
+            out[name] = _texts(pooled, answers, k)
+        else:
+            out[name] = [True, False]
+    return out
+
+
+def _can_hold(tree: Node, values: Mapping[str, list[Value]]) -> bool | None:
+    """Whether some assignment of `values` makes the condition true; None when the search
+    ran out of budget."""
+    names = list(values)
+    env: dict[str, Value] = {}
+    left = [_SEARCH_BUDGET]
+
+    def value_of(ref: FieldRef) -> Value:
+        return env.get(str(ref))
+
+    def search(i: int) -> bool | None:
+        left[0] -= 1
+        if left[0] < 0:
+            return None
+        now = _evaluate(tree, value_of)
+        if now is not None or i == len(names):
+            return now is True
+        for v in values[names[i]]:
+            env[names[i]] = v
+            found = search(i + 1)
+            if found is not False:
+                return found
+        del env[names[i]]
+        return False
+
+    return search(0)
+
+
+def _check_whole(condition: Condition, known: Mapping[str, Sequence[QuestionInfo]] | None) -> None:
+    tree = condition.tree
+    if _can_hold(tree, _representatives(tree, known)) is not False:
+        return
+    names = list(dict.fromkeys(str(r) for r in condition.fields()))
+    if not names:
+        raise RouteError("never true: it holds for no answer", tree.pos)
+    what = f"value of {names[0]}" if len(names) == 1 else "values of " + ", ".join(names)
+    raise RouteError(f"never true: no {what} makes it hold", tree.pos)
 
 
 def _walk(node: Node) -> Iterable[Node]:
@@ -700,10 +818,8 @@ def check_condition(
     for node in _walk(condition.tree):
         if isinstance(node, Compare):
             _check_bounds(node, ranges)
-            _check_conjunction([node], ranges, node.pos)
             _check_texts(node, known)
-        elif isinstance(node, And):
-            _check_conjunction(node.items, ranges, node.pos)
+    _check_whole(condition, known)
 
 
 def _check_texts(node: Compare, known: Mapping[str, Sequence[QuestionInfo]] | None) -> None:

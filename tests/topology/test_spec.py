@@ -72,7 +72,7 @@ def _routes(*specs: tuple[str, str, str]) -> list[dict[str, str]]:
     [
         (
             _routes(("block", "toxic.p_yes >= 1.5", "chat.block")),
-            "pipelines[0].routes[0] (block): when: toxic.p_yes >= 1.5 is never true",
+            "pipelines[0].routes[0] (block): when: toxic.p_yes >= 1.5 is false whatever the answer",
         ),
         (
             _routes(
