@@ -21,6 +21,7 @@ from schemas import (
     ClassificationRequest,
     ClassificationResult,
     DeadLetter,
+    FallbackId,
     JevResponse,
     RequestError,
     parse_request,
@@ -112,7 +113,9 @@ class Client:
         metadata: Mapping[str, Any] | None = None,
         request: Mapping[str, Any] | None = None,
     ) -> Future[Reply]:
-        """Send one request; the future resolves to its result."""
+        """Send one request; the future resolves to its result. `request`: a whole body
+        in the wire shape (a Jev body without `id` too: it is keyed by a drawn id, which
+        the worker takes as the request's id and the result's `id`)."""
         body: dict[str, Any] = (
             dict(request)
             if request is not None
@@ -131,7 +134,10 @@ class Client:
                 body["metadata"] = dict(metadata)
         body["reply_topic"] = self.reply_topic
         raw = json.dumps(body).encode()
-        parsed = parse_request(raw)
+        # A body without an id (Jev's) is sent as it is, keyed by an id drawn here: the
+        # worker takes a record's valid key as the request's id (`schemas.record_id`).
+        # Random, as the ids of the client's own requests: two sends are two requests.
+        parsed = parse_request(raw, fallback_id=FallbackId(uuid.uuid4().hex, "key"))
         if isinstance(parsed, RequestError):
             raise RequestInvalid(parsed)
         assert isinstance(parsed, ClassificationRequest)
