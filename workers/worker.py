@@ -390,11 +390,15 @@ class StreamWorker:
         if self._eos:
             # init_transactions fences an earlier producer of this replica (an earlier
             # incarnation, or this one's own before a reset) and aborts its transaction.
-            self._txn = ExactlyOnceCommitter(self._producer, self._consumer, timeout)
+            self._txn = ExactlyOnceCommitter(
+                self._producer, self._consumer, timeout, self._poison.progress
+            )
             self._txn.start()
             self._committer = self._txn
         else:
-            self._committer = AtLeastOnceCommitter(self._consumer, self.log, timeout)
+            self._committer = AtLeastOnceCommitter(
+                self._consumer, self.log, timeout, self._poison.progress
+            )
 
     def _reset_producer(self, reason: str) -> None:
         """A new producer in place of one that kafka-python made unusable (its idempotent
