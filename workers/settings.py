@@ -50,9 +50,12 @@ class _Frozen(BaseModel):
 class Batching(_Frozen):
     """Micro-batches: how many records, how long to wait for them, how many in flight."""
 
-    # 64 requests of 3 questions fill a 256-read forward on the H200 (docs/benchmarks.md:
-    # throughput flattens from 128 to 256 reads); it is also EngineSettings.max_batch_reads'
-    # default for the tiny CPU model. The topology file's `batching` is this model.
+    # A request's questions share one canvas, so 64 requests are 64 reads with one sample
+    # each and 256 when each takes 4 (`samples: 4`, or "auto" topping up to its auto_max
+    # of 4): the engine's reads/s on the H200 flatten from 128 to 256 reads a batch
+    # (docs/benchmarks.md), so a batch stays within that even when every request takes
+    # four. It is also EngineSettings.max_batch_reads' default for the tiny CPU model. The
+    # topology file's `batching` is this model.
     max_records: int = Field(default=64, ge=1, le=10_000)
     # A batch waits at most this long to fill once its first record is in, and only while
     # the engine is busy (an idle engine gets what is there at once). 50 ms: a fraction of
@@ -162,7 +165,8 @@ class PoisonTuning(_Frozen):
     # A record that was running alone when this many incarnations died is dead-lettered
     # POISON without running it again. 2: a crash with the record alone points at it; a
     # second rules out a coincidence (the node dying for its own reasons). With the
-    # defaults a poison record costs at most 4 restarts.
+    # defaults a poison record costs 4 restarts: every death is counted once, including
+    # that of an incarnation which committed work before it met the record.
     poison_after: int = Field(default=2, ge=1, le=100)
 
 
