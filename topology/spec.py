@@ -63,6 +63,9 @@ class TopicSpec(_Frozen):
 
 
 class ResourcesSpec(_Frozen):
+    # One GPU a replica whatever the engine's backend: a pipeline on the CPU (the
+    # transformers engine with device cpu, the fake engine) says 0, else each replica
+    # waits for a GPU the cluster may not have.
     gpus: float = Field(default=1, ge=0)
     cpus: float = Field(default=1, ge=0)
     custom: dict[str, float] = Field(default_factory=dict)
