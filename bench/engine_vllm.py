@@ -359,6 +359,8 @@ def _from_log(path: Path, info: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(paths: list[Path]) -> str:
+    from bench.report import figure
+
     runs = []
     for p in paths:
         body = json.loads(p.read_text())
@@ -381,9 +383,11 @@ def render(paths: list[Path]) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for info, _ in runs:
+        weights = figure(f"{info['quant']}_weights_gib", info["weights_gib"])
         lines.append(
             f"| {info['quant']} | {info['budget_gib']:.0f} GiB ({info['gpu_memory_utilization']}) "
-            f"| {info['weights_gib']} | {info['kv_cache_tokens']:,} | {info['peak_gib']:.1f} "
+            f"| {weights} "
+            f"| {info['kv_cache_tokens']:,} | {info['peak_gib']:.1f} "
             f"| {info['start_s']:.0f} |"
         )
     head = "| batch |"
@@ -423,6 +427,8 @@ def render(paths: list[Path]) -> str:
 
 def render_tests(path: Path, bf16_path: Path | None = None) -> str:
     """The GPU tier's figures (the gpu tests write them to $DGSTREAM_GPU_OUT/gpu_tests.json)."""
+    from bench.report import figure
+
     r = json.loads(path.read_text())
     hf = r["transformers"]
     lines = [
@@ -448,9 +454,10 @@ def render_tests(path: Path, bf16_path: Path | None = None) -> str:
             " / ".join(f"{acc[k]:.3f}" for k in ("yes_no", "choice", "score")) if acc else "-"
         )
         ece = f"{v['ece']:.4f}" if "ece" in v else "-"
+        gap = f"{v['max_probability_gap']:.4f}"
         lines.append(
             f"| {name} | {v['questions']} | {v['answers_differ']} | "
-            f"{v['max_probability_gap']:.4f} | {accuracy} | {ece} | "
+            f"{figure(f'{key}_gap', gap)} | {accuracy} | {ece} | "
             f"{v['requests'] / v['seconds']:.0f} |"
         )
     lines += [
@@ -503,6 +510,8 @@ def _variant(info: dict[str, Any]) -> str:
 
 def render_tuning(paths: list[Path]) -> str:
     """One row per engine configuration: the same reads, NVFP4 at one budget, one session."""
+    from bench.report import figure
+
     lines = [
         "## vLLM tuning at the 24 GB budget: NVFP4, one H200 (2026-12-01)",
         "",
@@ -515,6 +524,7 @@ def render_tuning(paths: list[Path]) -> str:
         "reads/s | best shared reads/s (batch) | unique b1 p50 ms | shared b1 p50 ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    b256: dict[str, tuple[float, float]] = {}  # "before" / "defaults" -> unique, shared
     for p in paths:
         body = json.loads(p.read_text())
         info = _from_log(p, body["info"])
@@ -522,18 +532,34 @@ def render_tuning(paths: list[Path]) -> str:
         shared = [r for r in body["rows"] if r["variant"] == "vllm/shared"]
         best = max(shared, key=lambda r: r["reads_per_s"])
         label = _variant(info) if "vllm_tuning" in str(p) else "before: 8 seqs (lowered)"
+        unique = f"{rows[('vllm/unique', 256)]['reads_per_s']:.0f}"
+        one_set = f"{rows[('vllm/shared', 256)]['reads_per_s']:.0f}"
+        if "vllm_tuning" not in str(p):
+            b256["before"] = (float(unique), float(one_set))
         if _is_default(info["settings"]):
             label = f"**{label}** (the defaults)"
+            b256["defaults"] = (float(unique), float(one_set))
+            unique = figure("defaults_unique_b256", unique)
+            one_set = figure("defaults_shared_b256", one_set)
         lines.append(
             f"| {label} | {info['kv_cache_tokens']:,} | {info['start_s']:.0f} "
-            f"| {rows[('vllm/unique', 256)]['reads_per_s']:.0f} "
-            f"| {rows[('vllm/shared', 256)]['reads_per_s']:.0f} "
+            f"| {unique} | {one_set} "
             f"| {best['reads_per_s']:.0f} ({best['batch']}) "
             f"| {rows[('vllm/unique', 1)]['p50_ms']:.1f} "
             f"| {rows[('vllm/shared', 1)]['p50_ms']:.1f} |"
         )
     lines += [
         "| 127 seqs, 16384 tokens, sync, graphs to budget | - | refused | - | - | - | - | - |",
+    ]
+    if "before" in b256 and "defaults" in b256:
+        (u0, s0), (u1, s1) = b256["before"], b256["defaults"]
+        lines += [
+            "",
+            "The defaults against the run before tuning, at batch 256: "
+            f"x{figure('speedup_unique', f'{u1 / u0:.1f}')} on unique prompts, "
+            f"x{figure('speedup_shared', f'{s1 / s0:.1f}')} on one question set.",
+        ]
+    lines += [
         "",
         *_per_batch(paths),
         "",
