@@ -53,13 +53,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _ask_id(raw: bytes) -> FallbackId:
     """The id of a body without one (Jev's), as the worker names one after its record: here
-    after its bytes, so the same body gets the same id, hence the same canvas noise and the
-    same answer on every run."""
+    after its JSON (keys sorted, spacing dropped), so the same body, however it is laid
+    out, gets the same id, hence the same canvas noise and the same answer on every run."""
     import hashlib
+    import json
 
     from schemas import FallbackId
 
-    return FallbackId(f"ask-{hashlib.blake2b(raw, digest_size=8).hexdigest()}", "record")
+    try:
+        body = json.dumps(
+            json.loads(raw), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8", "surrogatepass")
+    except ValueError:  # refused by the parser anyway; the id is not used
+        body = raw
+    return FallbackId(f"ask-{hashlib.blake2b(body, digest_size=8).hexdigest()}", "record")
 
 
 def _cmd_ask(args: argparse.Namespace) -> int:
@@ -79,6 +86,11 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     if not isinstance(result, ClassificationResult):
         print(json.dumps({"error": result.model_dump(mode="json")}, indent=2))
         return 2
+    if args.jev:
+        from schemas import encode_output
+
+        print(json.dumps(json.loads(encode_output(result, "jev")), indent=2))
+        return 0
     if args.json:
         print(result.model_dump_json(indent=2))
         return 0
@@ -344,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_ask = sub.add_parser("ask", help="answer one request (JSON) locally, without Kafka")
     p_ask.add_argument("request", nargs="?", help="the request JSON (default: stdin)")
     p_ask.add_argument("--json", action="store_true", help="print the whole result record")
+    p_ask.add_argument(
+        "--jev",
+        action="store_true",
+        help="print the result in Jev's response shape (what output_format: jev writes)",
+    )
     p_ask.add_argument("--backend", default="transformers")
     p_ask.add_argument("--model", default="demo")
     p_ask.add_argument("--device", default="auto")

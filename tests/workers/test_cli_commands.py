@@ -107,7 +107,8 @@ def test_ask_takes_a_jev_body_without_id_as_the_worker_does() -> None:
     assert result["id"].startswith("ask-") and result["id_source"] == "record"
     assert result["requested_model"] == "jev-latest"
     assert set(result["answers"]) == {"billing"}
-    again = json.loads(run_cli("ask", body, "--json", "--device", "cpu").stdout)
+    laid_out = json.dumps(json.loads(body), indent=4)  # the same body, spaced otherwise
+    again = json.loads(run_cli("ask", laid_out, "--json", "--device", "cpu").stdout)
     assert (again["id"], again["answers"]) == (result["id"], result["answers"])
     other = run_cli("ask", body.replace("hello", "hello!"), "--json", "--device", "cpu")
     assert json.loads(other.stdout)["id"] != result["id"]
