@@ -27,15 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "docs" / "benchmarks.md"
 
 _SECTION = re.compile(r"<!-- ([a-z0-9-]+):start -->(.*?)<!-- \1:end -->", re.S)
-# The value between the markers is plain text without markup of its own ('<' ends it).
-_FIGURE = re.compile(r"<!-- figure: ([A-Za-z0-9_./-]+) -->([^<]*)<!-- /figure -->")
+# The value between the markers is plain text, without markup or code ('<' or a backtick
+# ends it: a page may show the markers themselves in code).
+_FIGURE = re.compile(r"<!-- figure: ([A-Za-z0-9_./-]+) -->([^<`]*)<!-- /figure -->")
 
 
 def figure(key: str, value: object) -> str:
     """A figure's definition, for a renderer: `value` as text, marked as `key`."""
     text = str(value)
-    if "<" in text or "/" in key:
-        raise ValueError(f"a figure's key has no '/' and its value no '<': {key!r}, {text!r}")
+    if "<" in text or "`" in text or "/" in key:
+        raise ValueError(f"a figure's key has no '/', its value no '<' or '`': {key!r}, {text!r}")
     return f"<!-- figure: {key} -->{text}<!-- /figure -->"
 
 
