@@ -1,13 +1,13 @@
 """The peer of dgstream's vLLM read path: `vllm serve`'s own label reads (`/v1/decisions`, or
 `/v1/systemone`) on the full-size DiffusionGemma shape with dummy weights, held at a fixed
-concurrency by an async client (issue 23, item 4). The harness is tests/support/peer_decisions.py.
+concurrency by an async client. The harness is tests/support/peer_decisions.py.
 
 Run on the GPU machine (bench/gpu/peer_session.sh: the emulated 24 GB card), one server
 start, then the rows; render here:
 
     python3 bench/peer_decisions.py --out peer.json          # GPU machine
-    python bench/peer_decisions.py --render docs/data/peer_decisions.json \\
-        --beside "stock in-process=docs/data/card_stock.json" --write   # here
+    python bench/peer_decisions.py --render docs/data/card24/peer_decisions.json \\
+        --beside "stock in-process=docs/data/card24/card_stock.json" --write   # here
 
 What is served, and how:
 - the model directory of `bench.engine_vllm.full_size_dir` plus a tokenizer built for

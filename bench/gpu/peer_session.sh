@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer of the project's vLLM read path (issue 23, item 4), on the GPU machine after
+# The peer of the project's vLLM read path, on the GPU machine after
 # `install.sh`: `vllm serve`'s own /v1/decisions, no plugin, on the full-size NVFP4 shape
 # (dummy weights) and the emulated 24 GB card (bench/gpu/card), at concurrency 1, 32 and 256.
 # Logs and JSON go to $OUT (the device tool brings them home); docs/data keeps them.

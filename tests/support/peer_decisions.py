@@ -1,6 +1,6 @@
 """The peer of dgstream's vLLM read path, as a harness: `vllm serve`'s own label reads
 (`/v1/decisions`, or `/v1/systemone`) on the full-size DiffusionGemma shape with dummy
-weights, driven over HTTP by an async client at a fixed concurrency (issue 23, item 4).
+weights, driven over HTTP by an async client at a fixed concurrency.
 `bench/peer_decisions.py` runs it on the GPU machine (its docstring says what a row is);
 `tests/bench/test_peer_decisions.py` checks the parts a CPU can: the bodies against vLLM's
 request models, the tokenizer and the reads through vLLM's own decision serving code, the
@@ -684,10 +684,10 @@ def run(
 # --- docs/benchmarks.md ----------------------------------------------------------------------
 
 COMMAND = (
-    "bash bench/gpu/peer_session.sh     # on the GPU machine: bench/peer_decisions.py\n"
-    "python bench/peer_decisions.py --render docs/data/peer_decisions.json "
-    '--beside "stock in-process=docs/data/card_stock.json" '
-    '--beside "dgstream read path=docs/data/card_dgstream.json" --write   # here'
+    "bash bench/gpu/peer_session.sh --max-model-len 4096   # on the GPU machine\n"
+    "python bench/peer_decisions.py --render docs/data/card24/peer_decisions.json "
+    '--beside "read path (dgstream defaults)=docs/data/card24/card_dgstream.json" '
+    '--beside "stock in-process=docs/data/card24/card_stock.json" --write   # here'
 )
 
 
