@@ -128,7 +128,7 @@ class PipelineRunner:
     # ------------------------------------------------------------------ settings
 
     def worker_settings(self, replica: int) -> Any:
-        from workers.settings import ActorResources, WorkerSettings
+        from workers.settings import ActorResources, ProducerTuning, WorkerSettings
 
         s = self.spec
         return WorkerSettings(
@@ -143,6 +143,7 @@ class PipelineRunner:
             question_sets=self.topology.question_sets_for(s),
             batching=s.batching,
             delivery=s.delivery,
+            producer=ProducerTuning(compression_type=s.compression_type),
             static_membership=s.static_membership,
             reply_topics=s.reply_topics,
             output_format=s.output_format,

@@ -28,7 +28,7 @@ from schemas.names import TOPIC_PATTERN
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
 from workers.routes import Route, check_routes
-from workers.settings import Batching
+from workers.settings import Batching, CompressionType
 
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
 
@@ -106,6 +106,10 @@ class PipelineSpec(_Frozen):
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    # The codec of the record batches the workers write, results and dead letters alike:
+    # "none" (the default: any consumer reads them, with no codec library), "gzip",
+    # "snappy", "lz4" or "zstd". Input batches of every codec are read whatever this says.
+    compression_type: CompressionType = "none"
     static_membership: bool = False
     # How results are written: "dgstream" (the result record) or "jev" (Jev's response
     # shape, for consumers that are Jev clients). Dead letters are the same in both.

@@ -28,6 +28,7 @@ from workers.routes import Route, check_routes
 __all__ = [
     "ActorResources",
     "Batching",
+    "CompressionType",
     "ConsumerTuning",
     "Delivery",
     "OutageTuning",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 Delivery = Literal["at_least_once", "exactly_once"]
+# Kafka's names for the codecs of a record batch (`compression.type`).
+CompressionType = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 # Pipeline names go into actor names, client ids, transactional ids and instance ids
 # (the topology spec uses the same rule).
@@ -119,6 +122,11 @@ class ProducerTuning(_Frozen):
     request_timeout_ms: int = Field(default=30_000, ge=100)
     # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
     transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
+    # The codec of the batches the worker writes (results and dead letters). "none", as
+    # Java's and kafka-python's producers: every consumer reads it without a codec library
+    # (a consumer that lacks one cannot read a batch at all), and results are small JSON
+    # at the engine's rate, rarely what fills a network. lz4 or zstd where the bytes matter.
+    compression_type: CompressionType = "none"
 
     @model_validator(mode="after")
     def _delivery_covers_a_request(self) -> ProducerTuning:

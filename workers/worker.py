@@ -345,6 +345,7 @@ class StreamWorker:
 
     def _make_producer(self) -> Any:
         s = self.settings
+        codec = s.producer.compression_type
         producer_kw: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
@@ -356,6 +357,7 @@ class StreamWorker:
             "delivery_timeout_ms": s.producer.delivery_timeout_ms,
             "max_request_size": s.producer.max_request_size,
             "request_timeout_ms": s.producer.request_timeout_ms,
+            "compression_type": None if codec == "none" else codec,
         }
         if self._eos:
             producer_kw["transactional_id"] = s.transactional_id
