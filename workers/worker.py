@@ -55,6 +55,7 @@ from workers.metrics import WorkerMetrics
 from workers.outage import Outage, OutageClock, produce_outage
 from workers.outputs import OutputBuilder
 from workers.poison import PoisonGuard
+from workers.poll_errors import unreadable_batch
 from workers.settings import WorkerSettings
 from workers.topics import TopicGuard, admin_describe
 
@@ -220,12 +221,16 @@ class StreamWorker:
                 static=self.settings.static_membership,
             )
             self._loop_body()
-        except BaseException as exc:
+        except BaseException as caught:
+            # A batch the consumer cannot read is named (what and where), not a bare error.
+            exc = unreadable_batch(caught, self._consumer) or caught
             self._last_error = f"{type(exc).__name__}: {exc}"
             self.log.error("worker_failed", error=self._last_error, exc_info=True)
             self._teardown(failed=True)
             self._set_state("failed")
             self._finished.set()
+            if exc is not caught:
+                raise exc from caught
             if isinstance(exc, WorkerFailed):
                 raise
             raise WorkerFailed(self._last_error) from exc
