@@ -226,6 +226,11 @@ class StreamWorker:
             exc = unreadable_batch(caught, self._consumer) or caught
             self._last_error = f"{type(exc).__name__}: {exc}"
             self.log.error("worker_failed", error=self._last_error, exc_info=True)
+            if exc is not caught:
+                # What was read before that batch is finished and committed, as in a
+                # drain: the group's offset stands at the batch (no work redone, ever).
+                with contextlib.suppress(Exception):
+                    self._finish_in_flight()
             self._teardown(failed=True)
             self._set_state("failed")
             self._finished.set()
