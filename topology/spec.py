@@ -92,6 +92,22 @@ class AutoscaleSpec(_Frozen):
     poll_interval_s: float = Field(default=5, gt=0)
 
 
+class RestartSpec(_Frozen):
+    """How the controller starts a failed replica again: at once the first time, then after
+    a pause that doubles with each failure in a row, up to the cap. A replica that fails
+    on every start (a batch it cannot read) then costs one start per cap, not a crash loop."""
+
+    # A pause of a few ticks (the default poll is 5 s): a second failure in a row is rarely
+    # a blip, and the next tries come at 10, 20, 40 s ...
+    initial_backoff_s: float = Field(default=5, gt=0)
+    # Five minutes: a failing replica costs one start (an engine load: minutes with vLLM)
+    # per five minutes, and a fixed cause is picked up within them.
+    max_backoff_s: float = Field(default=300, gt=0)
+    # A replica that served this long in a row has its failures forgotten: as long as the
+    # cap, so a replica failing at that rate still counts as failing.
+    reset_after_s: float = Field(default=300, gt=0)
+
+
 class PipelineSpec(_Frozen):
     name: str = Field(pattern=_NAME)
     input_topics: list[str] = Field(min_length=1)
@@ -105,6 +121,7 @@ class PipelineSpec(_Frozen):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
+    restarts: RestartSpec = Field(default_factory=RestartSpec)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
     # The codec of the record batches the workers write, results and dead letters alike:
     # "none" (the default: any consumer reads them, with no codec library), "gzip",
