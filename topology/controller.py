@@ -135,6 +135,9 @@ class PipelineRunner:
         )
         r = self.spec.restarts
         self.backoff = RestartBackoff(r.initial_backoff_s, r.max_backoff_s, r.reset_after_s)
+        # Per replica index: the cause and error of its last failure, shown while its
+        # restarts are backed off (its replacement may run for a while before failing).
+        self._last_failure: dict[int, tuple[str | None, str | None]] = {}
 
     # ------------------------------------------------------------------ settings
 
@@ -492,6 +495,7 @@ class PipelineRunner:
                 continue
             if replica.retry_at is None:  # found gone this tick
                 self._take_down(replica)
+                self._last_failure[index] = (replica.cause, replica.error)
                 replica.retry_at = self.backoff.failed(index, now)
                 if replica.retry_at > now:
                     self._events.append(
@@ -528,21 +532,27 @@ class PipelineRunner:
         self._wait_name_free(replica.name)
 
     def failing(self) -> list[dict[str, Any]]:
-        """The replicas that report an error or wait for a restart, with the cause."""
+        """The replicas that report an error, wait for a restart, or were restarted after
+        failing twice or more in a row and have not served long enough since (the
+        backoff's reset window): each with its (last) cause and error."""
         now = self.clock()
         with self._lock:
             reps = sorted(self.replicas.values(), key=lambda r: r.index)
         out = []
         for r in reps:
             waiting = r.retry_at is not None and r.retry_at > now
-            if r.draining or not (r.error or waiting):
+            failures = self.backoff.failures(r.index)
+            if r.draining or not (r.error or waiting or failures >= 2):
                 continue
+            cause, error = (
+                (r.cause, r.error) if r.error else self._last_failure.get(r.index, (None, None))
+            )
             out.append(
                 {
                     "replica": r.name,
-                    "cause": r.cause or ("WORKER_ERROR" if r.error else "CRASH_LOOP"),
-                    "error": r.error,
-                    "failures": self.backoff.failures(r.index),
+                    "cause": cause or ("WORKER_ERROR" if error else "CRASH_LOOP"),
+                    "error": error,
+                    "failures": failures,
                     "restart_in_s": round(r.retry_at - now, 1) if waiting and r.retry_at else None,
                 }
             )
