@@ -15,9 +15,11 @@ from infra.kafka.broker.config import port_free
 
 
 def _time_wait_port() -> int:
-    """A loopback port whose only socket is in TIME-WAIT: a connection closed first by the
-    listening side (the side that closes first keeps TIME-WAIT), the listener gone."""
+    """A loopback port whose only socket is in TIME-WAIT, as a stopped broker leaves it: a
+    connection closed first by the listening side (the side that closes first keeps
+    TIME-WAIT), the listener gone. The listener sets SO_REUSEADDR, as the JVM's does."""
     listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     port = int(listener.getsockname()[1])
