@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka import broker
 from infra.kafka.broker.config import port_free
 
 
-def _time_wait_port() -> int:
+def time_wait_port() -> int:
     """A loopback port whose only socket is in TIME-WAIT, as a stopped broker leaves it: a
     connection closed first by the listening side (the side that closes first keeps
     TIME-WAIT), the listener gone. The listener sets SO_REUSEADDR, as the JVM's does."""
@@ -41,7 +40,7 @@ def _plain_bind_fails(port: int) -> bool:
     return False
 
 
-def _time_wait_held(port: int) -> bool:
+def time_wait_held(port: int) -> bool:
     text = Path("/proc/net/tcp").read_text()
     hexport = f":{port:04X} "
     # state 06 is TIME_WAIT
@@ -50,8 +49,8 @@ def _time_wait_held(port: int) -> bool:
 
 @pytest.mark.unit
 def test_a_port_in_time_wait_is_free_for_the_broker() -> None:
-    port = _time_wait_port()
-    assert _time_wait_held(port) and _plain_bind_fails(port), "the premise: TIME-WAIT holds it"
+    port = time_wait_port()
+    assert time_wait_held(port) and _plain_bind_fails(port), "the premise: TIME-WAIT holds it"
     assert port_free(port)
 
 
@@ -61,14 +60,3 @@ def test_a_listening_port_is_not_free() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         assert not port_free(int(s.getsockname()[1]))
-
-
-@pytest.mark.broker
-def test_the_broker_starts_on_a_port_in_time_wait(tmp_path: Path) -> None:
-    port = _time_wait_port()
-    assert _time_wait_held(port)
-    info = broker.start(tmp_path / "home", port=port)
-    try:
-        assert info.nodes[0].client_port == port
-    finally:
-        broker.stop(tmp_path / "home", delete_data=True)
