@@ -33,7 +33,6 @@ from kafka.errors import KafkaError
 from schemas import (
     ErrorCode,
     RequestError,
-    parse_request,
     record_id,
 )
 from workers.batches import Batch, Entry, Output, tp_name
@@ -49,6 +48,7 @@ from workers.commit import (
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError
 from workers.errors import CommitRefused, OutputFailed, Redo, WorkerFailed
+from workers.inputs import InputReader
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
@@ -150,6 +150,7 @@ class StreamWorker:
         self.log = get_logger(worker=self.name, pipeline=settings.pipeline)
         self._debug = settings.log_level == "DEBUG"  # per-request "answered" events
         self.metrics = WorkerMetrics(settings.pipeline, self.name)
+        self._inputs = InputReader(settings, self.metrics, self.log)
 
         self._state: WorkerState = "new"
         self._state_lock = threading.RLock()  # consumer-thread bookkeeping vs the listener
@@ -669,7 +670,7 @@ class StreamWorker:
         # A body without an id (Jev's) is named after its record: its key, else its place.
         fallback = record_id(rec.key, tp.topic, tp.partition, rec.offset)
         entry.fallback_id = fallback.value
-        parsed = parse_request(rec.value, self.settings.parse_limits, fallback_id=fallback)
+        parsed = self._inputs.parse(rec.value, fallback)  # framing (if any), then the JSON
         if isinstance(parsed, RequestError):
             entry.error = parsed
         elif parsed.question_set is not None and parsed.question_set not in (
