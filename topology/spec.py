@@ -27,8 +27,9 @@ from schemas import OutputFormat, Question
 from schemas.names import TOPIC_PATTERN
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
-from workers.settings import Batching, CompressionType
+from workers.settings import Batching, CompressionType, Framing
 
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
 
@@ -127,6 +128,17 @@ class PipelineSpec(_Frozen):
     # "none" (the default: any consumer reads them, with no codec library), "gzip",
     # "snappy", "lz4" or "zstd". Input batches of every codec are read whatever this says.
     compression_type: CompressionType = "none"
+    # "confluent": input values carry the Schema Registry wire format (0x00, a 4-byte schema
+    # id, the JSON); the id is checked against `schema_registry` when set (cached; while the
+    # registry is away, records are read unchecked and counted). A value not framed is
+    # dead-lettered NOT_FRAMED, an id the registry does not know SCHEMA_ID_UNKNOWN.
+    input_framing: Framing = "none"
+    # "confluent": each result is framed with the id of its JSON Schema, registered under
+    # "<topic>-value" of the topic it goes to (needs `schema_registry`).
+    output_framing: Framing = "none"
+    # The registry's Confluent-compatible API (Confluent's `http://host:8081`, Apicurio's
+    # `http://host:8080/apis/ccompat/v7`).
+    schema_registry: RegistrySettings | None = None
     static_membership: bool = False
     # How results are written: "dgstream" (the result record) or "jev" (Jev's response
     # shape, for consumers that are Jev clients). Dead letters are the same in both.
@@ -147,6 +159,8 @@ class PipelineSpec(_Frozen):
                 raise ValueError(f"input topic {t!r} is not a valid Kafka topic name")
         if self.output_topic in self.input_topics or self.dead_letter_topic in self.input_topics:
             raise ValueError("output and dead-letter topics must differ from the input topics")
+        if self.output_framing != "none" and self.schema_registry is None:
+            raise ValueError("output_framing needs schema_registry (the result schema's id)")
         return self
 
 
