@@ -104,14 +104,19 @@ def _check_stopped_at_the_batch(p: Pipeline, ids: dict[str, list[str]], err: Any
     assert dead.records == []
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """`dgstream ARGS` in this process (no Ray involved): (status, stdout, stderr)."""
+def _cli(*args: str) -> tuple[int, str, str]:
+    """`dgstream ARGS` in this process (no Ray involved): (status, stdout, stderr). Plain
+    buffers, not pytest's capture: a logger set up meanwhile keeps its stream, and pytest
+    closes its own after the test."""
+    import contextlib
+    import io
+
     from topology.cli import main
 
-    capsys.readouterr()
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
 
 
 def _skip_and_resume(
@@ -119,13 +124,12 @@ def _skip_and_resume(
     ids: dict[str, list[str]],
     threads: list[WorkerThread],
     bootstrap: str,
-    capsys: pytest.CaptureFixture[str],
 ) -> None:
     base = ("skip-batch", p.group, p.input, "0")
     # The offset named must be where the group stands.
-    rc, _, err = _cli(capsys, *base, str(BEFORE + 1), "--bootstrap", bootstrap)
+    rc, _, err = _cli(*base, str(BEFORE + 1), "--bootstrap", bootstrap)
     assert rc == 2 and f"at {BEFORE}, not {BEFORE + 1}" in err, err
-    rc, out, err = _cli(capsys, *base, str(BEFORE), "--bootstrap", bootstrap, "--dry-run")
+    rc, out, err = _cli(*base, str(BEFORE), "--bootstrap", bootstrap, "--dry-run")
     assert rc == 0, err
     assert f"offsets {BEFORE}..{BEFORE + INSIDE - 1} ({INSIDE} record(s)" in out
     assert p.committed() == {0: BEFORE}
@@ -133,15 +137,18 @@ def _skip_and_resume(
     # nothing moves.
     from kafka import KafkaConsumer
 
-    member = KafkaConsumer(p.output, group_id=p.group, **p.conn.client_kwargs())
+    from workers.kafka_admin import subscribe_known
+
+    member = KafkaConsumer(group_id=p.group, **p.conn.client_kwargs())
+    subscribe_known(member, [p.output])
     try:
         wait_for(lambda: member.poll(timeout_ms=200) is not None and p.members() == 1, 60, "")
-        rc, _, err = _cli(capsys, *base, str(BEFORE), "--bootstrap", bootstrap)
+        rc, _, err = _cli(*base, str(BEFORE), "--bootstrap", bootstrap)
     finally:
         member.close(autocommit=False)
     assert rc == 2 and "member" in err, err
     assert p.committed() == {0: BEFORE}
-    rc, out, err = _cli(capsys, *base, str(BEFORE), "--bootstrap", bootstrap)
+    rc, out, err = _cli(*base, str(BEFORE), "--bootstrap", bootstrap)
     assert rc == 0 and f"{INSIDE} record(s) skipped" in out, err
     assert p.committed() == {0: BEFORE + INSIDE}
     # The next worker answers what follows; the skipped records never are.
@@ -159,7 +166,6 @@ def test_a_corrupt_batch_stops_the_worker_and_is_skipped_only_on_request(
     one_partition: Pipeline,
     worker_threads: list[WorkerThread],
     kafka_broker: BrokerInfo,
-    capsys: pytest.CaptureFixture[str],
 ) -> None:
     p = one_partition
     ids = _produce_around_a_batch(p)
@@ -171,7 +177,7 @@ def test_a_corrupt_batch_stops_the_worker_and_is_skipped_only_on_request(
     assert err.cause == "CORRUPT_BATCH", err.as_dict()
     assert "crc" in err.detail.lower()
     _check_stopped_at_the_batch(p, ids, err)
-    _skip_and_resume(p, ids, worker_threads, kafka_broker.bootstrap, capsys)
+    _skip_and_resume(p, ids, worker_threads, kafka_broker.bootstrap)
 
 
 def test_a_codec_this_process_lacks_is_named(
