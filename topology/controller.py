@@ -475,6 +475,8 @@ class PipelineRunner:
             with self._lock:
                 if self.replicas.get(replica.index) is replica:
                     del self.replicas[replica.index]
+                    self.backoff.forget(replica.index)  # removed on purpose: no failure
+                    self._last_failure.pop(replica.index, None)
 
     def _wait_name_free(self, name: str) -> bool:
         deadline = time.monotonic() + _NAME_RELEASE_S
