@@ -17,6 +17,13 @@ class ErrorCode(StrEnum):
       valid JSON grammar, but no text; RFC 7493 forbids it), NOT_AN_OBJECT (top-level JSON is
       not an object), UNSUPPORTED_SCHEMA_VERSION.
 
+    Framing (a pipeline told its values carry the Confluent wire format: a 0x00 magic
+    byte, a 4-byte big-endian schema id, then the JSON):
+      NOT_FRAMED (the value does not start with the magic byte and an id: shorter than five
+      bytes, or another first byte), SCHEMA_ID_UNKNOWN (the schema registry has no schema
+      with that id), SCHEMA_NOT_JSON (the id names a schema of another type, Avro or
+      Protobuf, not JSON Schema).
+
     Contract (a field breaks the request schema):
       MISSING_FIELD (`id` only when the worker gave no fallback id), UNKNOWN_FIELD,
       WRONG_TYPE (a JSON value of the wrong type, e.g. state as a number, samples as "many"),
@@ -77,6 +84,10 @@ class ErrorCode(StrEnum):
     INVALID_UNICODE = "INVALID_UNICODE"
     NOT_AN_OBJECT = "NOT_AN_OBJECT"
     UNSUPPORTED_SCHEMA_VERSION = "UNSUPPORTED_SCHEMA_VERSION"
+    # framing
+    NOT_FRAMED = "NOT_FRAMED"
+    SCHEMA_ID_UNKNOWN = "SCHEMA_ID_UNKNOWN"
+    SCHEMA_NOT_JSON = "SCHEMA_NOT_JSON"
     # contract
     MISSING_FIELD = "MISSING_FIELD"
     UNKNOWN_FIELD = "UNKNOWN_FIELD"
