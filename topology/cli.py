@@ -366,9 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--deployment", default=None, help="default: default")
         p.set_defaults(func=fn)
 
-    from topology import commands
+    from topology import commands, decisions
 
     commands.register(sub)
+    decisions.register(sub)
 
     p_bench = sub.add_parser(
         "bench", help="run the CPU benchmark (worker overhead) and print its figures"
