@@ -316,6 +316,14 @@ def fit(
         if len(examples) < min_examples:
             skipped[qid] = f"{len(examples)} labelled examples; at least {min_examples} needed"
             continue
+        wrong = sum(int(np.argmax(e.probs)) != e.truth for e in examples)
+        if wrong in (0, len(examples)):
+            # No temperature is best: the likelihood keeps growing towards T -> 0 (every
+            # answer right) or T -> infinity (every one wrong). Fitting the bound would
+            # claim a certainty the examples cannot show.
+            which = "right" if wrong == 0 else "wrong"
+            skipped[qid] = f"every one of its {len(examples)} answers is {which}: label more"
+            continue
         t = fit_temperature(examples)
         out[qid] = QuestionCalibration(
             kind=first.kind,

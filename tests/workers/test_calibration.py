@@ -91,7 +91,7 @@ def test_a_temperature_keeps_the_order_and_the_sum(probs: list[float], t: float)
         for j in range(len(p)):
             if p[i] > p[j] + 1e-9 and max(p[i], p[j]) > 1e-9:
                 assert q[i] >= q[j]
-    if min(p) > 1e-4:  # away from the floor, 1/T undoes T
+    if min(min(p) ** (1.0 / t), min(p)) > 1e-7:  # away from the floor, 1/T undoes T
         assert tempered(tempered(p, t), 1.0 / t) == pytest.approx(p, abs=1e-6)
 
 
@@ -229,10 +229,13 @@ def test_fit_from_labelled_results_says_what_it_left_out() -> None:
             (Distribution("yes_no", ("yes", "no"), (overconfident, 1 - overconfident)), truth)
         )
     few = pairs[:5]
+    sure = [(Distribution("yes_no", ("yes", "no"), (0.9, 0.1)), "yes")] * 30
     odd = [(Distribution("yes_no", ("yes", "no"), (0.5, 0.5)), "maybe")] * 30
-    cal, skipped = fit({"insult": pairs, "rare": few, "odd": odd}, min_examples=20, source="t")
+    labelled = {"insult": pairs, "rare": few, "odd": odd, "sure": sure}
+    cal, skipped = fit(labelled, min_examples=20, source="t")
     assert set(cal.questions) == {"insult"}
     q = cal.questions["insult"]
     assert q.temperature == pytest.approx(1 / 0.3, rel=0.35)
     assert q.ece_after < q.ece_before and q.nll_after < q.nll_before
     assert "5 labelled examples" in skipped["rare"] and "maybe" in skipped["odd"]
+    assert "every one of its 30 answers is right" in skipped["sure"]
