@@ -54,6 +54,7 @@ __all__ = [
     "fit_temperature",
     "load_calibration",
     "nll",
+    "smoothing_for",
     "tempered",
 ]
 
@@ -260,13 +261,25 @@ def ece(examples: Sequence[Example], temperature: float = 1.0, bins: int = ECE_B
     return float(err)
 
 
-def fit_temperature(examples: Sequence[Example]) -> float:
-    """The T in [T_MIN, T_MAX] that minimizes the NLL: bisection on the derivative in
-    s = 1/T, which is increasing (the NLL is convex in s)."""
+def smoothing_for(n: int) -> float:
+    """The share of each target moved off the true answer, for `n` examples: half an
+    example's worth (the Krichevsky-Trofimov estimate). Without it, a question whose
+    answers are all right has no best temperature (the likelihood grows as T -> 0, claiming
+    a certainty no finite sample shows); with it, the fit aims at a confidence of about
+    (n + 0.5) / (n + 1) there, and it vanishes as examples grow."""
+    return 0.5 / (n + 1)
+
+
+def fit_temperature(examples: Sequence[Example], smoothing: float = 0.0) -> float:
+    """The T in [T_MIN, T_MAX] that minimizes the cross-entropy to the true answers (each
+    target keeps 1 - `smoothing` on its answer and spreads the rest over the others):
+    bisection on the derivative in s = 1/T, which is increasing (convex in s)."""
     if not examples:
         raise ValueError("no examples to fit")
     logs = np.log(np.clip(np.asarray([e.probs for e in examples], dtype=np.float64), _FLOOR, 1.0))
-    truth = logs[np.arange(len(examples)), [e.truth for e in examples]]
+    own = logs[np.arange(len(examples)), [e.truth for e in examples]]
+    others = (logs.sum(axis=1) - own) / max(logs.shape[1] - 1, 1)
+    truth = (1.0 - smoothing) * own + smoothing * others
 
     def slope(s: float) -> float:
         z = logs * s
@@ -316,15 +329,7 @@ def fit(
         if len(examples) < min_examples:
             skipped[qid] = f"{len(examples)} labelled examples; at least {min_examples} needed"
             continue
-        wrong = sum(int(np.argmax(e.probs)) != e.truth for e in examples)
-        if wrong in (0, len(examples)):
-            # No temperature is best: the likelihood keeps growing towards T -> 0 (every
-            # answer right) or T -> infinity (every one wrong). Fitting the bound would
-            # claim a certainty the examples cannot show.
-            which = "right" if wrong == 0 else "wrong"
-            skipped[qid] = f"every one of its {len(examples)} answers is {which}: label more"
-            continue
-        t = fit_temperature(examples)
+        t = fit_temperature(examples, smoothing=smoothing_for(len(examples)))
         out[qid] = QuestionCalibration(
             kind=first.kind,
             labels=list(first.labels),

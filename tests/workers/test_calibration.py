@@ -233,9 +233,12 @@ def test_fit_from_labelled_results_says_what_it_left_out() -> None:
     odd = [(Distribution("yes_no", ("yes", "no"), (0.5, 0.5)), "maybe")] * 30
     labelled = {"insult": pairs, "rare": few, "odd": odd, "sure": sure}
     cal, skipped = fit(labelled, min_examples=20, source="t")
-    assert set(cal.questions) == {"insult"}
+    assert set(cal.questions) == {"insult", "sure"}
     q = cal.questions["insult"]
     assert q.temperature == pytest.approx(1 / 0.3, rel=0.35)
     assert q.ece_after < q.ece_before and q.nll_after < q.nll_before
     assert "5 labelled examples" in skipped["rare"] and "maybe" in skipped["odd"]
-    assert "every one of its 30 answers is right" in skipped["sure"]
+    # Every answer right: sharper, but only to about (n + 0.5) / (n + 1), not to T_MIN.
+    sure_q = cal.questions["sure"]
+    assert T_MIN < sure_q.temperature < 1.0
+    assert tempered([0.9, 0.1], sure_q.temperature)[0] == pytest.approx(30.5 / 31, abs=0.002)
