@@ -20,6 +20,13 @@ class ErrorCode(StrEnum):
       "1.0", id, source or type missing or empty, a datacontenttype that is not JSON, no
       data, both data and data_base64, data_base64 not base64, a batch of events).
 
+    Framing (a pipeline told its values carry the Confluent wire format: a 0x00 magic
+    byte, a 4-byte big-endian schema id, then the JSON):
+      NOT_FRAMED (the value does not start with the magic byte and an id: shorter than five
+      bytes, or another first byte), SCHEMA_ID_UNKNOWN (the schema registry has no schema
+      with that id), SCHEMA_NOT_JSON (the id names a schema of another type, Avro or
+      Protobuf, not JSON Schema).
+
     Contract (a field breaks the request schema):
       MISSING_FIELD (`id` only when the worker gave no fallback id), UNKNOWN_FIELD,
       WRONG_TYPE (a JSON value of the wrong type, e.g. state as a number, samples as "many"),
@@ -81,6 +88,10 @@ class ErrorCode(StrEnum):
     NOT_AN_OBJECT = "NOT_AN_OBJECT"
     UNSUPPORTED_SCHEMA_VERSION = "UNSUPPORTED_SCHEMA_VERSION"
     INVALID_CLOUDEVENT = "INVALID_CLOUDEVENT"
+    # framing
+    NOT_FRAMED = "NOT_FRAMED"
+    SCHEMA_ID_UNKNOWN = "SCHEMA_ID_UNKNOWN"
+    SCHEMA_NOT_JSON = "SCHEMA_NOT_JSON"
     # contract
     MISSING_FIELD = "MISSING_FIELD"
     UNKNOWN_FIELD = "UNKNOWN_FIELD"

@@ -29,8 +29,9 @@ from schemas.names import TOPIC_PATTERN
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
-from workers.settings import Batching, check_moderation
+from workers.settings import Batching, CompressionType, Framing, check_moderation
 from workers.tracing import TracingSettings
 
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
@@ -95,6 +96,22 @@ class AutoscaleSpec(_Frozen):
     poll_interval_s: float = Field(default=5, gt=0)
 
 
+class RestartSpec(_Frozen):
+    """How the controller starts a failed replica again: at once the first time, then after
+    a pause that doubles with each failure in a row, up to the cap. A replica that fails
+    on every start (a batch it cannot read) then costs one start per cap, not a crash loop."""
+
+    # A pause of a few ticks (the default poll is 5 s): a second failure in a row is rarely
+    # a blip, and the next tries come at 10, 20, 40 s ...
+    initial_backoff_s: float = Field(default=5, gt=0)
+    # Five minutes: a failing replica costs one start (an engine load: minutes with vLLM)
+    # per five minutes, and a fixed cause is picked up within them.
+    max_backoff_s: float = Field(default=300, gt=0)
+    # A replica that served this long in a row has its failures forgotten: as long as the
+    # cap, so a replica failing at that rate still counts as failing.
+    reset_after_s: float = Field(default=300, gt=0)
+
+
 class PipelineSpec(_Frozen):
     name: str = Field(pattern=_NAME)
     input_topics: list[str] = Field(min_length=1)
@@ -108,7 +125,23 @@ class PipelineSpec(_Frozen):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
+    restarts: RestartSpec = Field(default_factory=RestartSpec)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    # The codec of the record batches the workers write, results and dead letters alike:
+    # "none" (the default: any consumer reads them, with no codec library), "gzip",
+    # "snappy", "lz4" or "zstd". Input batches of every codec are read whatever this says.
+    compression_type: CompressionType = "none"
+    # "confluent": input values carry the Schema Registry wire format (0x00, a 4-byte schema
+    # id, the JSON); the id is checked against `schema_registry` when set (cached; while the
+    # registry is away, records are read unchecked and counted). A value not framed is
+    # dead-lettered NOT_FRAMED, an id the registry does not know SCHEMA_ID_UNKNOWN.
+    input_framing: Framing = "none"
+    # "confluent": each result is framed with the id of its JSON Schema, registered under
+    # "<topic>-value" of the topic it goes to (needs `schema_registry`).
+    output_framing: Framing = "none"
+    # The registry's Confluent-compatible API (Confluent's `http://host:8081`, Apicurio's
+    # `http://host:8080/apis/ccompat/v7`).
+    schema_registry: RegistrySettings | None = None
     static_membership: bool = False
     # How results are written: "dgstream" (the result record), "jev" (Jev's response
     # shape, for consumers that are Jev clients) or "openai_moderation" (OpenAI's
@@ -152,6 +185,8 @@ class PipelineSpec(_Frozen):
                 raise ValueError(f"input topic {t!r} is not a valid Kafka topic name")
         if self.output_topic in self.input_topics or self.dead_letter_topic in self.input_topics:
             raise ValueError("output and dead-letter topics must differ from the input topics")
+        if self.output_framing != "none" and self.schema_registry is None:
+            raise ValueError("output_framing needs schema_registry (the result schema's id)")
         return self
 
 

@@ -17,9 +17,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from schemas import SCHEMA_VERSION, ClassificationResult, DeadLetter, ErrorCode, RequestError
+from schemas.framing import frame
 from workers.batches import Batch, Entry, Output
 from workers.decisions import Decisions
-from workers.records import output_headers, output_key, result_record
+from workers.outage import Outage
+from workers.records import OutputRecord, output_headers, output_key, result_record
+from workers.registry import RegistryClient, RegistryDown
 from workers.routes import Router
 from workers.settings import WorkerSettings
 from workers.topics import Known, TopicGuard, record_size
@@ -54,6 +57,30 @@ class OutputBuilder:
         ]
         self._router = Router(settings.routes, settings.output_topic)
         self._decisions = decisions
+        self._registry: RegistryClient | None = None
+        if settings.output_framing == "confluent" and settings.schema_registry is not None:
+            self._registry = RegistryClient(settings.schema_registry)
+            # The topics known now get their ids at once (a registry away fails the start:
+            # a framed result cannot be written without its id).
+            routed = () if settings.shadow else (r.topic for r in settings.routes)
+            for topic in {settings.output_topic, *routed}:
+                self._schema_id(topic)
+
+    def _schema_id(self, topic: str) -> int:
+        """The id of the result schema under the topic's subject (`<topic>-value`, the
+        registry's default TopicNameStrategy), registered on first use (cached)."""
+        assert self._registry is not None
+        return self._registry.register(f"{topic}-value", _result_schema(self._settings))
+
+    async def _framed(self, rec: OutputRecord) -> OutputRecord:
+        if self._registry is None:
+            return rec
+        loop = asyncio.get_running_loop()
+        try:
+            schema_id = await loop.run_in_executor(None, self._schema_id, rec.topic)
+        except RegistryDown as exc:
+            raise Outage("output", f"the schema registry: {exc}"[:500]) from exc
+        return rec._replace(value=frame(schema_id, rec.value))
 
     async def build(
         self, batch: Batch, outcomes: Sequence[ClassificationResult | RequestError]
@@ -65,6 +92,8 @@ class OutputBuilder:
             outcome = next(it) if entry.error is None else entry.error
             try:
                 out.append(await self._output(entry, outcome, i, trace))
+            except Outage:
+                raise  # not the record's fault: the batch is held and tried again
             except Exception as exc:  # a bug must not poison the partition: dead-letter it
                 self._log.error("output_failed", error=repr(exc), exc_info=True)
                 error = RequestError(
@@ -106,6 +135,7 @@ class OutputBuilder:
         refusal = await self._where(rec.topic)
         if refusal is not None:
             return self.dead_letter(entry, refusal, i, trace)
+        rec = await self._framed(rec)
         headers: list[tuple[str, bytes | None]] = list(rec.headers)
         too_large = self._topics.too_large(rec.topic, record_size(rec.key, rec.value, headers))
         if too_large is not None:
@@ -197,3 +227,16 @@ class OutputBuilder:
         empty = letter.model_copy(update={"original": ""}).model_dump_json().encode()
         spare = limit - record_size(key, empty, headers)
         return max(0, spare) * 3 // 4  # base64: 4 characters for 3 bytes
+
+
+def _result_schema(settings: WorkerSettings) -> dict[str, Any]:
+    """The JSON Schema of the results as this pipeline writes them (`schemas/json/`)."""
+    import json
+    from importlib.resources import files
+
+    name = {
+        "jev": "jev_result.schema.json",
+        "openai_moderation": "openai_moderation_result.schema.json",
+    }.get(settings.output_format, "result.schema.json")
+    loaded: dict[str, Any] = json.loads(files("schemas").joinpath("json", name).read_text())
+    return loaded

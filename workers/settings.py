@@ -25,14 +25,17 @@ from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
 from workers.tracing import TracingSettings
 
 __all__ = [
     "ActorResources",
     "Batching",
+    "CompressionType",
     "ConsumerTuning",
     "Delivery",
+    "Framing",
     "OutageTuning",
     "PoisonTuning",
     "ProducerTuning",
@@ -40,6 +43,11 @@ __all__ = [
 ]
 
 Delivery = Literal["at_least_once", "exactly_once"]
+# "confluent": values carry the Schema Registry wire format (a 0x00 magic byte, a 4-byte
+# big-endian schema id, then the JSON).
+Framing = Literal["none", "confluent"]
+# Kafka's names for the codecs of a record batch (`compression.type`).
+CompressionType = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 # Pipeline names go into actor names, client ids, transactional ids and instance ids
 # (the topology spec uses the same rule).
@@ -122,6 +130,11 @@ class ProducerTuning(_Frozen):
     request_timeout_ms: int = Field(default=30_000, ge=100)
     # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
     transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
+    # The codec of the batches the worker writes (results and dead letters). "none", as
+    # Java's and kafka-python's producers: every consumer reads it without a codec library
+    # (a consumer that lacks one cannot read a batch at all), and results are small JSON
+    # at the engine's rate, rarely what fills a network. lz4 or zstd where the bytes matter.
+    compression_type: CompressionType = "none"
 
     @model_validator(mode="after")
     def _delivery_covers_a_request(self) -> ProducerTuning:
@@ -265,6 +278,13 @@ class WorkerSettings(_Frozen):
     shadow: bool = False
     # OpenTelemetry traces (off by default).
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    # Input values framed by a Schema Registry serializer: the framing is read (and the id
+    # checked when `schema_registry` is set), the JSON after it parsed as usual.
+    input_framing: Framing = "none"
+    # Results framed with the id of their schema, registered under "<topic>-value" of the
+    # topic each goes to (needs `schema_registry`). Dead letters are never framed.
+    output_framing: Framing = "none"
+    schema_registry: RegistrySettings | None = None
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)
@@ -308,6 +328,8 @@ class WorkerSettings(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
+        if self.output_framing != "none" and self.schema_registry is None:
+            raise ValueError("output_framing needs schema_registry (the result schema's id)")
         outputs = {self.output_topic, self.dead_letter_topic}
         if outputs & set(self.input_topics):
             raise ValueError("output and dead-letter topics must differ from the input topics")

@@ -33,7 +33,6 @@ from kafka.errors import KafkaError
 from schemas import (
     ErrorCode,
     RequestError,
-    parse_request,
     record_id,
 )
 from schemas.cloudevents import CONTENT_TYPE
@@ -51,12 +50,14 @@ from workers.decisions import Decisions
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError
 from workers.errors import CommitRefused, OutputFailed, Redo, WorkerFailed
+from workers.inputs import InputReader
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
 from workers.outage import Outage, OutageClock, produce_outage
 from workers.outputs import OutputBuilder
 from workers.poison import PoisonGuard
+from workers.poll_errors import unreadable_batch
 from workers.settings import WorkerSettings
 from workers.topics import TopicGuard, admin_describe
 
@@ -160,6 +161,7 @@ class StreamWorker:
         self.log = get_logger(worker=self.name, pipeline=settings.pipeline)
         self._debug = settings.log_level == "DEBUG"  # per-request "answered" events
         self.metrics = WorkerMetrics(settings.pipeline, self.name)
+        self._inputs = InputReader(settings, self.metrics, self.log)
 
         self._state: WorkerState = "new"
         self._state_lock = threading.RLock()  # consumer-thread bookkeeping vs the listener
@@ -231,12 +233,21 @@ class StreamWorker:
                 static=self.settings.static_membership,
             )
             self._loop_body()
-        except BaseException as exc:
+        except BaseException as caught:
+            # A batch the consumer cannot read is named (what and where), not a bare error.
+            exc = unreadable_batch(caught, self._consumer) or caught
             self._last_error = f"{type(exc).__name__}: {exc}"
             self.log.error("worker_failed", error=self._last_error, exc_info=True)
+            if exc is not caught:
+                # What was read before that batch is finished and committed, as in a
+                # drain: the group's offset stands at the batch (no work redone, ever).
+                with contextlib.suppress(Exception):
+                    self._finish_in_flight()
             self._teardown(failed=True)
             self._set_state("failed")
             self._finished.set()
+            if exc is not caught:
+                raise exc from caught
             if isinstance(exc, WorkerFailed):
                 raise
             raise WorkerFailed(self._last_error) from exc
@@ -360,6 +371,7 @@ class StreamWorker:
 
     def _make_producer(self) -> Any:
         s = self.settings
+        codec = s.producer.compression_type
         producer_kw: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
@@ -371,6 +383,7 @@ class StreamWorker:
             "delivery_timeout_ms": s.producer.delivery_timeout_ms,
             "max_request_size": s.producer.max_request_size,
             "request_timeout_ms": s.producer.request_timeout_ms,
+            "compression_type": None if codec == "none" else codec,
         }
         if self._eos:
             producer_kw["transactional_id"] = s.transactional_id
@@ -675,12 +688,8 @@ class StreamWorker:
         # A body without an id (Jev's) is named after its record: its key, else its place.
         fallback = record_id(rec.key, tp.topic, tp.partition, rec.offset)
         entry.fallback_id = fallback.value
-        parsed = parse_request(
-            rec.value,
-            self.settings.parse_limits,
-            fallback_id=fallback,
-            content_type=_header(entry.headers, CONTENT_TYPE),
-        )
+        # Framing (if any), then the JSON (a structured CloudEvent by its content type).
+        parsed = self._inputs.parse(rec.value, fallback, _header(entry.headers, CONTENT_TYPE))
         if isinstance(parsed, RequestError):
             entry.error = parsed
         elif parsed.question_set is not None and parsed.question_set not in (

@@ -563,6 +563,11 @@ def test_table_is_large_and_covers_most_codes() -> None:
         E.REPLY_TOPIC_NOT_ALLOWED,
         E.REPLY_TOPIC_UNKNOWN,
         E.REPLY_TOPIC_NOT_WRITABLE,
+        # the framing's, before parse_request: tests/schemas/test_framing.py and
+        # tests/workers/test_schema_registry.py
+        E.NOT_FRAMED,
+        E.SCHEMA_ID_UNKNOWN,
+        E.SCHEMA_NOT_JSON,
     }
     assert set(ErrorCode) - raised_later == covered
 
