@@ -91,9 +91,27 @@ def test_traces_continue_the_producers_through_results_and_dead_letters(
     pipeline: Pipeline,
     worker_threads: list[WorkerThread],
     spans: tuple[Any, Any],
-    capfd: pytest.CaptureFixture[str],
 ) -> None:
+    import structlog.testing
+
     provider, exporter = spans
+    # The worker's log events, as structlog hands them over (its own configuration is left
+    # alone: a captured stream would be closed under later tests' workers).
+    logs = structlog.testing.LogCapture()
+    structlog.configure(processors=[logs])
+    try:
+        _traces(pipeline, worker_threads, provider, exporter, logs.entries)
+    finally:
+        structlog.reset_defaults()
+
+
+def _traces(
+    pipeline: Pipeline,
+    worker_threads: list[WorkerThread],
+    provider: Any,
+    exporter: Any,
+    logs: list[dict[str, Any]],
+) -> None:
     wt = WorkerThread(pipeline.settings(), tracer_provider=provider).start()
     worker_threads.append(wt)
     headers, contexts = _producer_contexts(4)
@@ -136,8 +154,7 @@ def test_traces_continue_the_producers_through_results_and_dead_letters(
     names = {s.name for s in finished}
     assert {"wait", "engine read", "send"} <= names
     # The dead letter's log line names its trace.
-    lines = [json.loads(ln) for ln in capfd.readouterr().err.splitlines() if ln.startswith("{")]
-    (logged,) = [ln for ln in lines if ln.get("event") == "dead_letter"]
+    (logged,) = [e for e in logs if e.get("event") == "dead_letter"]
     assert logged["trace_id"] == f"{contexts[3].trace_id:032x}"
     wt.worker.drain()
     wt.join()
