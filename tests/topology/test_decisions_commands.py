@@ -144,3 +144,12 @@ def test_compare_tallies_agreement_confusion_shifts_and_routes() -> None:
         ("default", "review"),
         ("review", "block"),
     }
+
+
+def test_tail_shows_a_moderation_result_on_one_line() -> None:
+    from schemas import ClassificationResult, encode_output, read_output
+    from topology.commands import _result_line
+
+    res = ClassificationResult.model_validate(_result("r9", 0.93))
+    line = _result_line(read_output(encode_output(res, "openai_moderation")), None)
+    assert line == "r9  flagged=true  insult=0.93"

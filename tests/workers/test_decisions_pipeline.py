@@ -291,7 +291,7 @@ def test_a_shadow_of_the_demo_model_is_compared_with_its_primary(
         worker_threads.append(wt)
         wait_for(lambda wt=wt: wt.worker.state == "running" or wt.error, 180, "a worker up")
         assert wt.error is None, wt.error
-    events = sample_events(24, seed=5)
+    events = sample_events(16, seed=5)
     pipeline.produce([_raw(e) for e in events], keys=[e["id"].encode() for e in events])
     a, b = pipeline.reader(), pipeline.reader(block)
     s_out = pipeline.reader(shadow_out)
