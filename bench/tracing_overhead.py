@@ -190,7 +190,10 @@ def _markdown(
             "",
             "Off, the worker checks one attribute per batch (`Tracing.enabled`); the audit "
             "block and the CloudEvents attributes every result now carries are in both of this "
-            "tree's rows, so `off` against `without` bounds the cost of all three.",
+            "tree's rows, so `off` against `without` bounds the cost of all three. They add "
+            "about 800 bytes a result: before dgstream depended on `crc32c`, kafka-python "
+            "checked every batch's CRC in pure Python (267 us a KB here) and the same run gave "
+            "`off` 0.74x; with it, 0.45 us a KB.",
             "",
             "Reproduce: `python -m bench.tracing_overhead"
             + (f" --messages {n}" if n != 10_000 else "")
