@@ -630,7 +630,7 @@ CARD_COMMAND = (
     '"read path (dgstream defaults)=docs/data/card24/card_dgstream.json" --beside '
     '"stock in-process=docs/data/card24/card_stock.json" --write'
 )
-# Issue 23's targets at the emulated card, full-size NVFP4, default settings.
+# The targets set for the emulated card (full-size NVFP4, the default settings).
 CARD_TARGETS = {"shared": 1000.0, "unique": 300.0, "p50_b1_ms": 25.0}
 
 
@@ -708,7 +708,7 @@ def render_card(read_path: Path, stock: Path, gpu_tests: Path) -> str:
     p50 = min(o_rows[("vllm/shared", 1)]["p50_ms"], o_rows[("vllm/unique", 1)]["p50_ms"])
     lines += [
         "",
-        f"Targets at batch {big} (issue 23): >= {CARD_TARGETS['shared']:,.0f} reads/s on one "
+        f"Targets at batch {big}: >= {CARD_TARGETS['shared']:,.0f} reads/s on one "
         f"question set: **{shared['reads_per_s']:.0f}**; >= {CARD_TARGETS['unique']:.0f} on "
         f"unique prompts: **{unique['reads_per_s']:.0f}**; p50 <= "
         f"{CARD_TARGETS['p50_b1_ms']:.0f} ms at batch 1: **{p50:.0f}**. None is met; where "
