@@ -80,17 +80,19 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import signal
-    from pathlib import Path
 
     import ray
-    import yaml
 
     from topology.controller import start_controller, stop_controller
 
     topo = _load_topology(args.topology)
     address = args.address or topo.ray.address
     _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
-    raw = yaml.safe_load(Path(args.topology).read_text())
+    from topology.spec import read_topology
+
+    # Calibration files are read here and sent with the document (the controller's node
+    # may not have them).
+    raw = read_topology(args.topology)
     # SIGTERM (how Kubernetes, systemd and docker stop a process) is Ctrl-C here: the
     # workers are drained and the command exits 0.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -270,8 +272,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     for name, p in st["pipelines"].items():
         last = p["decisions"][-1]["reason"] if p["decisions"] else ""
         lag = "?" if p["lag"] is None else str(p["lag"])
+        shown = f"{name} (shadow)" if p.get("shadow") else name
         print(
-            f"{name:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
+            f"{shown:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
             f"{p['throughput_per_s']:>8.1f}  {last}"
         )
         for f in p.get("failing", []):
@@ -386,10 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--deployment", default=None, help="default: default")
         p.set_defaults(func=fn)
 
-    from topology import commands, skip_batch
+    from topology import commands, decisions, skip_batch
 
     commands.register(sub)
     skip_batch.register(sub)
+    decisions.register(sub)
 
     p_bench = sub.add_parser(
         "bench", help="run the CPU benchmark (worker overhead) and print its figures"

@@ -165,6 +165,10 @@ class PipelineRunner:
             reply_topics=s.reply_topics,
             output_format=s.output_format,
             routes=s.routes,
+            moderation=s.moderation,
+            calibration=s.calibration,
+            shadow=s.shadow,
+            tracing=self.topology.tracing,
             replica=replica,
             resources=ActorResources(
                 gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom
@@ -232,7 +236,8 @@ class PipelineRunner:
             n, rf = s.topics.partitions, s.topics.replication_factor
             topics = dict.fromkeys(s.input_topics, n)
             topics.update({s.output_topic: n, s.dead_letter_topic: 1})
-            topics.update({r.topic: n for r in s.routes if r.topic not in topics})
+            if not s.shadow:  # a shadow's routes are not acted on: it writes no route topic
+                topics.update({r.topic: n for r in s.routes if r.topic not in topics})
             try:
                 ensure_topics(
                     self._admin_client(), topics, replication_factor=rf, timeout_s=_LAG_TIMEOUT_S
@@ -615,6 +620,7 @@ class PipelineRunner:
         recent = list(self.timeline)[-_DECISIONS_IN_STATUS:]
         return {
             "pipeline": self.spec.name,
+            "shadow": self.spec.shadow,
             "replicas": len(running),
             "ready": sum(1 for r in running if r.ready),
             "draining": len(reps) - len(running),

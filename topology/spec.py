@@ -7,6 +7,7 @@ live in the file: the Kafka section (a `KafkaConnection`) names environment vari
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,13 +24,15 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import OutputFormat, Question
+from schemas import ModerationOptions, OutputFormat, Question
 from schemas.names import TOPIC_PATTERN
+from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
 from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
-from workers.settings import Batching, CompressionType, Framing
+from workers.settings import Batching, CompressionType, Framing, check_moderation
+from workers.tracing import TracingSettings
 
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
 
@@ -140,8 +143,10 @@ class PipelineSpec(_Frozen):
     # `http://host:8080/apis/ccompat/v7`).
     schema_registry: RegistrySettings | None = None
     static_membership: bool = False
-    # How results are written: "dgstream" (the result record) or "jev" (Jev's response
-    # shape, for consumers that are Jev clients). Dead letters are the same in both.
+    # How results are written: "dgstream" (the result record), "jev" (Jev's response
+    # shape, for consumers that are Jev clients) or "openai_moderation" (OpenAI's
+    # moderation response, from the yes/no questions: `moderation`). Dead letters are the
+    # same in all three.
     output_format: OutputFormat = "dgstream"
     # In order: the first route whose `when` holds sends a result to its `topic`; results
     # no route takes go to output_topic (docs/routes.md).
@@ -149,6 +154,27 @@ class PipelineSpec(_Frozen):
     # Where a request's reply_topic may point (shell-style patterns); the output topic is
     # always allowed. Default: the Python client's reply topics.
     reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
+    # With output_format "openai_moderation": categories (-> yes/no question ids),
+    # thresholds, and whether `flagged` follows them or the routes (docs/decisions.md).
+    moderation: ModerationOptions = Field(default_factory=ModerationOptions)
+    # A calibration file (`dgstream calibrate` writes it), applied before the routes: its
+    # path, relative to this topology file (`dgstream run` reads it and sends its content).
+    calibration: Calibration | None = None
+    # Shadow mode: a second pipeline on the same input, in its own consumer group, writing
+    # every result to its own output topic; its routes are evaluated (each result's audit
+    # names the one that matched) but not acted on, and reply topics are ignored
+    # (`dgstream compare` reads the two pipelines' results side by side).
+    shadow: bool = False
+
+    @field_validator("calibration", mode="before")
+    @classmethod
+    def _calibration_content(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(
+                f"{v!r}: a calibration file's path is read when the topology file is loaded "
+                "(load_topology, dgstream run); here its content was expected"
+            )
+        return v
 
     @model_validator(mode="after")
     def _topics(self) -> PipelineSpec:
@@ -191,6 +217,8 @@ class RaySpec(_Frozen):
 class Topology(_Frozen):
     kafka: KafkaSpec
     ray: RaySpec = Field(default_factory=RaySpec)
+    # OpenTelemetry traces of every worker (OTLP export; off by default).
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     question_sets: dict[str, dict[str, Question]] = Field(default_factory=dict)
     pipelines: list[PipelineSpec] = Field(min_length=1)
 
@@ -223,6 +251,11 @@ class Topology(_Frozen):
                 )
             except ValueError as exc:
                 raise ValueError(f"pipelines[{i}].{exc}") from None
+            try:
+                check_moderation(p.moderation, p.routes, self.question_sets_for(p))
+            except ValueError as exc:
+                raise ValueError(f"pipelines[{i}].{exc}") from None
+        _check_shadows(self.pipelines)
         return self
 
     def pipeline(self, name: str) -> PipelineSpec:
@@ -233,6 +266,54 @@ class Topology(_Frozen):
 
     def question_sets_for(self, pipeline: PipelineSpec) -> dict[str, dict[str, Question]]:
         return {n: self.question_sets[n] for n in pipeline.question_sets}
+
+
+def _written(p: PipelineSpec) -> set[str]:
+    """Every topic a pipeline writes to."""
+    return {p.output_topic, p.dead_letter_topic, *(r.topic for r in p.routes)}
+
+
+def _check_shadows(pipelines: list[PipelineSpec]) -> None:
+    """A shadow pipeline shares nothing but its input with the others: not its consumer
+    group (it would take their partitions), not a topic it writes (its results would mix
+    with theirs)."""
+    for i, p in enumerate(pipelines):
+        if not p.shadow:
+            continue
+        for j, other in enumerate(pipelines):
+            if i == j:
+                continue
+            if other.consumer_group == p.consumer_group:
+                raise ValueError(
+                    f"pipelines[{i}] ({p.name}) is a shadow: its consumer_group must be its "
+                    f"own, not that of pipelines[{j}] ({other.name})"
+                )
+            mine = {p.output_topic, p.dead_letter_topic}
+            shared = sorted(mine & (_written(other) | set(other.input_topics)))
+            if shared:
+                raise ValueError(
+                    f"pipelines[{i}] ({p.name}) is a shadow: it must write to topics of its "
+                    f"own; {shared} belong to pipelines[{j}] ({other.name})"
+                )
+
+
+def inline_files(data: Any, base: Path) -> Any:
+    """The topology document with each pipeline's `calibration` path (relative to `base`,
+    the topology file's folder) replaced by the file's content, so that the controller
+    (on a Ray node, where the path may not exist) gets the calibration itself."""
+    if not isinstance(data, dict) or not isinstance(data.get("pipelines"), list):
+        return data
+    pipelines = []
+    for i, p in enumerate(data["pipelines"]):
+        if isinstance(p, dict) and isinstance(p.get("calibration"), str):
+            path = (base / p["calibration"]).expanduser()
+            try:
+                content = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise SpecError(f"pipelines[{i}].calibration: cannot read {path}: {exc}") from None
+            p = {**p, "calibration": content}
+        pipelines.append(p)
+    return {**data, "pipelines": pipelines}
 
 
 class SpecError(ValueError):
@@ -263,8 +344,14 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
 
 def load_topology(path: str | Path) -> Topology:
     p = Path(path)
+    return parse_topology(read_topology(p), str(p))
+
+
+def read_topology(path: str | Path) -> Any:
+    """The topology file's document, its calibration files read in (`inline_files`)."""
+    p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise SpecError(f"{p}: not valid YAML: {exc}") from None
-    return parse_topology(data, str(p))
+    return inline_files(data, p.parent)

@@ -39,14 +39,18 @@ class InputReader:
         self._logged_at = float("-inf")
 
     def parse(
-        self, value: bytes | None, fallback: FallbackId
+        self, value: bytes | None, fallback: FallbackId, content_type: str | None = None
     ) -> ClassificationRequest | RequestError:
+        """`content_type`: the record's `content-type` header (a structured CloudEvent says
+        so there)."""
         if self._framed and value:  # no value at all stays EMPTY_MESSAGE
             got = self._unframe(value)
             if isinstance(got, RequestError):
                 return got
             value = got
-        return parse_request(value, self._settings.parse_limits, fallback_id=fallback)
+        return parse_request(
+            value, self._settings.parse_limits, fallback_id=fallback, content_type=content_type
+        )
 
     def _unframe(self, value: bytes) -> bytes | RequestError:
         framed = unframe(value)

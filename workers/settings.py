@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from schemas import (
     DEFAULT_LIMITS,
+    ModerationOptions,
     OutputFormat,
     ParseLimits,
     Question,
@@ -21,10 +22,12 @@ from schemas import (
     question_order,
 )
 from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
+from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
 from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
+from workers.tracing import TracingSettings
 
 __all__ = [
     "ActorResources",
@@ -191,6 +194,30 @@ class ActorResources(_Frozen):
     custom: dict[str, float] = Field(default_factory=dict)
 
 
+def check_moderation(
+    options: ModerationOptions,
+    routes: list[Route],
+    question_sets: dict[str, dict[str, Question]],
+) -> None:
+    """The moderation shape's references hold: its routes exist, and (with question sets)
+    each category names a yes/no question of one of them. ValueError naming the field."""
+    names = {r.name for r in routes}
+    unknown = sorted(set(options.flag_routes or ()) - names)
+    if unknown:
+        raise ValueError(f"moderation.flag_routes: no route named {unknown}")
+    if options.flagged_by == "routes" and not routes:
+        raise ValueError('moderation.flagged_by "routes" needs routes')
+    if not question_sets:
+        return  # requests bring their own questions: their ids cannot be known here
+    yes_no = {qid for qs in question_sets.values() for qid, q in qs.items() if q.kind == "yes_no"}
+    for category, qid in options.categories.items():
+        if qid not in yes_no:
+            raise ValueError(
+                f"moderation.categories.{category}: {qid!r} is no yes/no question of the "
+                "pipeline's question sets"
+            )
+
+
 class WorkerSettings(_Frozen):
     """One replica of one pipeline: where to read and write, which engine, how to batch."""
 
@@ -239,6 +266,18 @@ class WorkerSettings(_Frozen):
     # In order: the first route whose condition holds sends a result to its topic; results
     # no route takes go to output_topic (a request's reply_topic wins over both).
     routes: list[Route] = Field(default_factory=list)
+    # With output_format "openai_moderation": which yes/no questions are which categories,
+    # their thresholds, and what `flagged` means.
+    moderation: ModerationOptions = Field(default_factory=ModerationOptions)
+    # Per-question temperatures applied to every result before its route is chosen
+    # (`dgstream calibrate` writes them); the engine's probabilities stay beside them.
+    calibration: Calibration | None = None
+    # Shadow mode: routes are evaluated (the audit names the one that matched) but not acted
+    # on, and reply topics are ignored: every result goes to output_topic. A shadow
+    # pipeline reads the same input in a consumer group of its own.
+    shadow: bool = False
+    # OpenTelemetry traces (off by default).
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     # Input values framed by a Schema Registry serializer: the framing is read (and the id
     # checked when `schema_registry` is set), the JSON after it parsed as usual.
     input_framing: Framing = "none"
@@ -301,9 +340,15 @@ class WorkerSettings(_Frozen):
             list(self.question_sets.values()) or None,
             forbidden_topics=[*self.input_topics, self.dead_letter_topic],
         )
+        check_moderation(self.moderation, self.routes, self.question_sets)
         return self
 
     # ---------------------------------------------------------------- derived names
+
+    @property
+    def event_source(self) -> str:
+        """The CloudEvents `source` of this pipeline's results and dead letters."""
+        return f"/dgstream/{self.deployment}/{self.pipeline}"
 
     @property
     def name(self) -> str:
