@@ -240,23 +240,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     model = full_size_dir(args.quant, root)
     peak = PeakMemory()
     total_gib = peak.total / 2**30
-    # Engine knobs left out take VllmSettings' defaults (what the tuning runs chose).
-    knobs = {
+    # Engine knobs left out take VllmSettings' defaults (the product's): the served canvas,
+    # reads in flight, the token budget, gpu_memory_utilization (on the emulated card,
+    # DGSTREAM_CARD_GIB, it means what it would on that card).
+    knobs: dict[str, Any] = {
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "async_scheduling": args.async_scheduling,
+        "canvas_length": args.served_canvas,
+        "max_model_len": args.max_model_len,
     }
+    if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
+        knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
     settings = VllmSettings(
         model=str(model),
         load_format="dummy",
         skip_tokenizer_init=True,
-        max_model_len=args.max_model_len,
-        canvas_length=args.canvas,
-        gpu_memory_utilization=round(args.budget_gib / total_gib, 4),
         enforce_eager=args.eager,
         cudagraph_capture_sizes="to_budget" if args.graphs == "budget" else None,
         diffusion_constrained=not args.unconstrained,
         profiler_dir=args.profile or None,
+        read_path=args.read_path,
         **{k: v for k, v in knobs.items() if v is not None},
     )
     # The reads' labels (bench.engine_gpu.make_reads) as the one shared set, as the factory
@@ -269,6 +273,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         start_s = time.perf_counter() - t0
         start_peak, start_processes = peak.reset(), dict(peak.processes)
         cache = engine._engine.vllm_config.cache_config
+        gmu_used = cache.gpu_memory_utilization
+        len_used = engine._engine.model_config.max_model_len
+        seqs_used = engine._engine.vllm_config.scheduler_config.max_num_seqs
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab)
         if args.profile:
@@ -279,11 +286,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     kv_tokens = re.findall(r"GPU KV cache size: ([0-9,]+) tokens", text)
     info = {
         "engine": "vllm",
+        "read_path": engine.read_path,
         "quant": args.quant,
         "gpu": peak.name,
         "gpu_total_gib": total_gib,
+        "card_gib": float(os.environ.get("DGSTREAM_CARD_GIB") or 0) or None,
         "budget_gib": args.budget_gib,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "engine_gpu_memory_utilization": gmu_used,
+        "max_num_seqs_used": seqs_used,
+        "max_model_len_used": len_used,
         "start_s": start_s,
         "weights_gib": float(loaded[-1]) if loaded else None,
         "kv_cache_tokens": int(kv_tokens[-1].replace(",", "")) if kv_tokens else None,
@@ -296,6 +308,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_gib": peak.close() / 2**30,
         "peak_processes_gib": peak.processes,
         "memory_timeline": peak.timeline,
+        # Each process's own peak, as the card emulation saw it (bench/gpu/card).
+        "process_peaks": card_reports(),
         "settings": settings.model_dump(),
     }
     brief = {k: v for k, v in info.items() if k not in ("settings", "memory_timeline")}
@@ -303,10 +317,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"info": info, "rows": rows, "args": vars(args)}
 
 
+def card_reports() -> list[dict[str, Any]]:
+    """The card emulation's per-process peaks (DGSTREAM_CARD_REPORT), largest first."""
+    folder = os.environ.get("DGSTREAM_CARD_REPORT")
+    if not folder or not Path(folder).is_dir():
+        return []
+    out = []
+    for f in Path(folder).glob("card-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            out.append(json.loads(f.read_text()))
+    return sorted(out, key=lambda r: -r.get("peak_reserved_gib", 0))
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quant", choices=["bf16", "nvfp4"], default="nvfp4")
-    ap.add_argument("--budget-gib", type=float, default=23.0, help="GPU memory for vLLM")
-    ap.add_argument("--max-model-len", type=int, default=16_384)
+    ap.add_argument(
+        "--budget-gib",
+        type=float,
+        default=0.0,
+        help="a share of the whole GPU for vLLM (0: the settings' gpu_memory_utilization)",
+    )
+    ap.add_argument("--read-path", choices=["dgstream", "stock"], default="dgstream")
+    ap.add_argument(
+        "--served-canvas", type=int, default=None, help="served canvas (default: settings')"
+    )
+    ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=None, help="vLLM resets >= 128 to 8")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--graphs", choices=["default", "budget"], default="budget")
@@ -605,3 +640,150 @@ def _is_default(settings: dict[str, Any]) -> bool:
     defaults = VllmSettings()
     knobs = ("max_num_seqs", "max_num_batched_tokens", "async_scheduling")
     return all(settings[k] == getattr(defaults, k) for k in knobs)
+
+
+# --- docs/benchmarks.md: the emulated 24 GB card -------------------------------------------
+
+CARD_COMMAND = (
+    "bash bench/gpu/vllm_session.sh tests   # on the GPU machine, one device session:\n"
+    "bash bench/gpu/vllm_session.sh card dgstream\n"
+    "bash bench/gpu/vllm_session.sh card stock --read-path stock --served-canvas 16 "
+    "--max-model-len 4096\n"
+    "bash bench/gpu/peer_session.sh --max-model-len 4096\n"
+    "python bench/engine_gpu.py --render-card docs/data/card24/card_dgstream.json "
+    "docs/data/card24/card_stock.json docs/data/card24/gpu_tests.json   # here\n"
+    "python bench/peer_decisions.py --render docs/data/card24/peer_decisions.json --beside "
+    '"read path (dgstream defaults)=docs/data/card24/card_dgstream.json" --beside '
+    '"stock in-process=docs/data/card24/card_stock.json" --write'
+)
+# The targets set for the emulated card (full-size NVFP4, the default settings).
+CARD_TARGETS = {"shared": 1000.0, "unique": 300.0, "p50_b1_ms": 25.0}
+
+
+def _card_memory(info: dict[str, Any]) -> str:
+    from bench.report import figure
+
+    s = info["settings"]
+    proc = info["process_peaks"][0] if info.get("process_peaks") else {}
+    path = info["read_path"]
+
+    def fig(key: str, value: str) -> str:  # the figures other pages quote, per read path
+        return figure(f"{path}_{key}", value)
+
+    serving, start = (
+        fig("peak_serving_gib", f"{info['peak_gib']:.1f}"),
+        fig("peak_start_gib", f"{info['start_peak_gib']:.1f}"),
+    )
+    allocator = fig("allocator_peak_gib", f"{proc.get('peak_reserved_gib', 0):.2f}")
+    cap = fig("allocator_cap_gib", f"{proc.get('allocator_cap_gib', 0):.2f}")
+    return (
+        f"| {path} | {info['engine_gpu_memory_utilization']} "
+        f"| {s['canvas_length']} / {info.get('max_model_len_used') or _resolved_len(s):,} "
+        f"| {info['max_num_seqs_used']} "
+        f"| {fig('weights_gib', str(info['weights_gib']))} | {info['kv_cache_tokens']:,} "
+        f"| {serving} | {start} | {allocator} of {cap} "
+        f"| {info['start_s']:.0f} |"
+    )
+
+
+def _resolved_len(settings: dict[str, Any]) -> int:
+    """max_model_len as `check_model` resolves it for the full-size shape (its 262,144
+    positions are above the reference 16,384), for runs that did not record it."""
+    from workers.engine.vllm_backend import REFERENCE_MAX_MODEL_LEN
+
+    return int(settings["max_model_len"] or REFERENCE_MAX_MODEL_LEN)
+
+
+def render_card(read_path: Path, stock: Path, gpu_tests: Path) -> str:
+    """Both read paths on the emulated card, side by side, and the demo model's agreement."""
+    from bench.report import figure
+
+    ours, theirs = json.loads(read_path.read_text()), json.loads(stock.read_text())
+    tests = json.loads(gpu_tests.read_text())
+    o_rows = {(r["variant"], r["batch"]): r for r in ours["rows"]}
+    t_rows = {(r["variant"], r["batch"]): r for r in theirs["rows"]}
+    lines = [
+        "## A 24 GB card for real: the read path and vLLM's own, on an emulated card",
+        "",
+        f"One H200 made to behave as a {ours['info']['card_gib']} GiB card in every process "
+        "(`bench/gpu/card/sitecustomize.py`: PyTorch's allocator capped at the card less a "
+        "CUDA context, and the memory queries vLLM sizes itself from reporting the card), "
+        "vLLM 0.33.0, the full-size DiffusionGemma shape in NVFP4 with dummy weights, "
+        "`VllmEngine` in-process. Reads as the engine benchmark's: 256-token prompts, "
+        "16-position canvases with 3 slots, constrained; `shared` is one question set (a "
+        "224-token common prefix). One device session (2026-12-02).",
+        "",
+        "**Memory.** The read path runs the product's defaults; vLLM's own path (`read_path: "
+        "stock`) cannot: its first denoise step is outside vLLM's profile, the settings take "
+        "it off gpu_memory_utilization, and at the defaults' 64-position served canvas that "
+        "step is 5.9 GiB. With a 16-position canvas it starts, but its KV cache holds 4,609 "
+        "tokens: max_model_len 8192 was refused (`card_stock_8192_refused.log`: 1.14 GiB "
+        "needed, 0.97 available).",
+        "",
+        "| read path | gpu_memory_utilization given to vLLM | served canvas / max_model_len "
+        "| reads in flight | weights GiB | KV cache tokens | card peak serving GiB | card peak "
+        "at start GiB | engine process: allocator peak of cap GiB | start s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        _card_memory(ours["info"]),
+        _card_memory(theirs["info"]),
+        "",
+        "Card peaks are NVML's (every process on the GPU, the CUDA context included); the "
+        "allocator's peak is PyTorch's own, in the engine process, under its cap.",
+        "",
+        "**Reads/s (p50 / p99 ms)**, the same reads through both paths, one after the other:",
+        "",
+        "| batch | kind | read path (defaults) | stock | read path / stock |",
+        "|---:|---|---:|---:|---:|",
+    ]
+    big = max(r["batch"] for r in ours["rows"])
+    for b in sorted({r["batch"] for r in ours["rows"]}):
+        for kind in ("unique", "shared"):
+            a, z = o_rows[(f"vllm/{kind}", b)], t_rows[(f"vllm/{kind}", b)]
+            ours_rate, ratio = (
+                f"{a['reads_per_s']:.1f}",
+                f"{a['reads_per_s'] / z['reads_per_s']:.2f}",
+            )
+            if b == big:  # the figures other pages quote
+                ours_rate = figure(f"{kind}_b{b}", ours_rate)
+                ratio = figure(f"vs_stock_{kind}_b{b}", ratio)
+            lines.append(
+                f"| {b} | {kind} | {ours_rate} ({a['p50_ms']:.0f} / "
+                f"{a['p99_ms']:.0f}) | {z['reads_per_s']:.1f} ({z['p50_ms']:.0f} / "
+                f"{z['p99_ms']:.0f}) | {ratio}x |"
+            )
+    shared, unique = o_rows[("vllm/shared", big)], o_rows[("vllm/unique", big)]
+    p50 = min(o_rows[("vllm/shared", 1)]["p50_ms"], o_rows[("vllm/unique", 1)]["p50_ms"])
+    lines += [
+        "",
+        f"Targets at batch {big}: >= {CARD_TARGETS['shared']:,.0f} reads/s on one "
+        f"question set: **{shared['reads_per_s']:.0f}**; >= {CARD_TARGETS['unique']:.0f} on "
+        f"unique prompts: **{unique['reads_per_s']:.0f}**; p50 <= "
+        f"{CARD_TARGETS['p50_b1_ms']:.0f} ms at batch 1: **{p50:.0f}**. None is met; where "
+        "the time goes is in the notes below.",
+        "",
+        "**The same answers** (the gpu tests, the demo model on the bare H200, fp32, 300 "
+        "held-out requests through `Classifier`, the same canvases):",
+        "",
+        "| compared | questions | answers that differ | largest probability gap "
+        "| seconds (read path / other) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, name in (
+        ("read_path_vs_stock_constrained", "read path vs stock vLLM, constrained"),
+        ("read_path_vs_stock_full_vocabulary", "read path vs stock vLLM, full vocabulary"),
+    ):
+        v = tests[key]
+        lines.append(
+            f"| {name} | {v['questions']} | {v['answers_differ']} | "
+            f"{v['max_probability_gap']:.6f} | {v['seconds']:.2f} / {v['stock_seconds']:.2f} |"
+        )
+    for key, name in (
+        ("vllm_constrained", "read path vs transformers, constrained"),
+        ("vllm_full_vocabulary", "read path vs transformers, full vocabulary"),
+        ("vllm_remote", "`vllm serve` with the read path vs in-process"),
+    ):
+        v = tests[key]
+        gap = figure(f"{key}_gap", f"{v['max_probability_gap']:.6f}")
+        lines.append(f"| {name} | {v['questions']} | {v['answers_differ']} | {gap} | - |")
+    lines += ["", "Reproduce:", "", "```", CARD_COMMAND, "```"]
+    return "\n".join(lines)

@@ -23,6 +23,7 @@ from schemas import (
     DeadLetter,
     FallbackId,
     JevResponse,
+    ModerationResponse,
     RequestError,
     parse_request,
     read_output,
@@ -33,7 +34,7 @@ from workers.kafka_settings import KafkaConnection
 __all__ = ["Client", "KafkaConnectError", "Reply", "RequestFailed", "RequestInvalid"]
 
 # What a call resolves to: the result in the pipeline's output format.
-Reply = ClassificationResult | JevResponse
+Reply = ClassificationResult | JevResponse | ModerationResponse
 
 
 class RequestInvalid(ValueError):
@@ -218,7 +219,7 @@ class Client:
             result = read_output(value)
         except ValueError:
             return  # not a result of ours
-        if isinstance(result, ClassificationResult):
+        if isinstance(result, ClassificationResult | ModerationResponse):
             rid = result.id
         else:  # Jev's shape has no id: the record is keyed like the request
             try:

@@ -17,8 +17,10 @@ fence (blank lines between allowed) may say more:
                                        its own test (one test for the whole walk-through)
 
 Without a comment: a json block must be a request the worker accepts (or no request at
-all), a yaml block a topology that loads (or a `kafka:` section alone), a python block runs
-(and prints what an `output` block after it shows). A sh block and an output block need a
+all), a yaml block a topology that loads (or a `kafka:` section alone; a fragment, such as a
+section of the topology, a pipeline's fields or more pipelines, loads inside a minimal
+topology, `...` standing for what it leaves out), a python block runs (and prints what an
+`output` block after it shows). A sh block and an output block need a
 comment: a command runs only inside a walk-through, or is marked not-run with its reason.
 Every command of every sh block, run or not, is checked against the code: a `dgstream`
 command parses with the CLI's own parser, a `python FILE` or `-m MODULE` exists and takes
@@ -349,9 +351,11 @@ def _source_with_imports(path: Path) -> str:
     text = path.read_text()
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            module = ROOT / (node.module.replace(".", "/") + ".py")
-            if module.exists():
-                text += module.read_text()
+            name = node.module.replace(".", "/") + ".py"
+            # the product and bench/ from the root, test support (`support.x`) from tests/
+            for module in (ROOT / name, ROOT / "tests" / name):
+                if module.exists():
+                    text += module.read_text()
     return text
 
 

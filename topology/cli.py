@@ -106,17 +106,19 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import signal
-    from pathlib import Path
 
     import ray
-    import yaml
 
     from topology.controller import start_controller, stop_controller
 
     topo = _load_topology(args.topology)
     address = args.address or topo.ray.address
     _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
-    raw = yaml.safe_load(Path(args.topology).read_text())
+    from topology.spec import read_topology
+
+    # Calibration files are read here and sent with the document (the controller's node
+    # may not have them).
+    raw = read_topology(args.topology)
     # SIGTERM (how Kubernetes, systemd and docker stop a process) is Ctrl-C here: the
     # workers are drained and the command exits 0.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -180,6 +182,8 @@ def _watch(ctl: Any, interval: float, deployment: str, namespace: str) -> bool:
                     "ready": p["ready"],
                     "lag": p["lag"],
                     "req/s": p["throughput_per_s"],
+                    # Why replicas are not ready (a batch they cannot read, say), when known.
+                    **({"failing": _failing_text(p["failing"])} if p.get("failing") else {}),
                 }
                 for n, p in st["pipelines"].items()
             }
@@ -283,20 +287,42 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if ctl is None:
             return _no_controller(spec)
         st = ray.get(ctl.status.remote(), timeout=60)
+    # Non-zero while a pipeline has replicas failing (`docs/operations.md`, "Status").
+    rc = _FAILING if any(p.get("failing") for p in st["pipelines"].values()) else 0
     if args.json:
         print(json.dumps(st, indent=2, default=str))
-        return 0
+        return rc
     print(
         f"{'pipeline':16s} {'replicas':>8s} {'ready':>5s} {'lag':>10s} {'req/s':>8s}  last decision"
     )
     for name, p in st["pipelines"].items():
         last = p["decisions"][-1]["reason"] if p["decisions"] else ""
         lag = "?" if p["lag"] is None else str(p["lag"])
+        shown = f"{name} (shadow)" if p.get("shadow") else name
         print(
-            f"{name:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
+            f"{shown:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
             f"{p['throughput_per_s']:>8.1f}  {last}"
         )
-    return 0
+        for f in p.get("failing", []):
+            print(f"  FAILING {f['replica']}: {_failing_text([f])}")
+    return rc
+
+
+# `dgstream status`'s exit status while a pipeline is failing (3 is "no controller").
+_FAILING = 1
+
+
+def _failing_text(failing: list[dict[str, Any]]) -> str:
+    """One line for the failing replicas: the first one's error, its restart, the rest."""
+    f = failing[0]
+    text = f["error"] or f["cause"]
+    if f.get("restart_in_s") is not None:
+        text += f" (restart in {f['restart_in_s']:.0f} s, failure {f['failures']} in a row)"
+    elif f.get("failures"):
+        text += f" (failure {f['failures']} in a row)"
+    if len(failing) > 1:
+        text += f"; {len(failing) - 1} more replica(s) failing"
+    return str(text)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -394,9 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--deployment", default=None, help="default: default")
         p.set_defaults(func=fn)
 
-    from topology import commands
+    from topology import commands, decisions, skip_batch
 
     commands.register(sub)
+    skip_batch.register(sub)
+    decisions.register(sub)
 
     p_bench = sub.add_parser(
         "bench", help="run the CPU benchmark (worker overhead) and print its figures"

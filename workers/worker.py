@@ -33,9 +33,9 @@ from kafka.errors import KafkaError
 from schemas import (
     ErrorCode,
     RequestError,
-    parse_request,
     record_id,
 )
+from schemas.cloudevents import CONTENT_TYPE
 from workers.batches import Batch, Entry, Output, tp_name
 from workers.classify import BatchClassifier
 from workers.commit import (
@@ -46,15 +46,18 @@ from workers.commit import (
     OffsetTracker,
     fenced,
 )
+from workers.decisions import Decisions
 from workers.engine.classifier import Classifier
 from workers.engine.types import FatalEngineError
 from workers.errors import CommitRefused, OutputFailed, Redo, WorkerFailed
+from workers.inputs import InputReader
 from workers.kafka_admin import admin_client, subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
 from workers.outage import Outage, OutageClock, produce_outage
 from workers.outputs import OutputBuilder
 from workers.poison import PoisonGuard
+from workers.poll_errors import unreadable_batch
 from workers.settings import WorkerSettings
 from workers.topics import TopicGuard, admin_describe
 
@@ -135,11 +138,20 @@ class StreamWorker:
     """One consumer-group member with one engine. `run()` blocks; the rest are thread-safe.
 
     `classifier` replaces the one built from `settings.engine` (tests inject failing
-    engines this way; the benchmark shares one between variants).
+    engines this way; the benchmark shares one between variants). `tracer_provider`
+    replaces the OTLP export of `settings.tracing` (tests: the SDK's in-memory exporter).
     """
 
-    def __init__(self, settings: WorkerSettings, *, classifier: Classifier | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        classifier: Classifier | None = None,
+        tracer_provider: Any | None = None,
+    ) -> None:
         self.settings = settings
+        self._tracer_provider = tracer_provider
+        self._decisions: Decisions | None = None
         self.name = settings.name
         self._classifier = classifier
         self._eos = settings.delivery == "exactly_once"
@@ -149,6 +161,7 @@ class StreamWorker:
         self.log = get_logger(worker=self.name, pipeline=settings.pipeline)
         self._debug = settings.log_level == "DEBUG"  # per-request "answered" events
         self.metrics = WorkerMetrics(settings.pipeline, self.name)
+        self._inputs = InputReader(settings, self.metrics, self.log)
 
         self._state: WorkerState = "new"
         self._state_lock = threading.RLock()  # consumer-thread bookkeeping vs the listener
@@ -220,12 +233,21 @@ class StreamWorker:
                 static=self.settings.static_membership,
             )
             self._loop_body()
-        except BaseException as exc:
+        except BaseException as caught:
+            # A batch the consumer cannot read is named (what and where), not a bare error.
+            exc = unreadable_batch(caught, self._consumer) or caught
             self._last_error = f"{type(exc).__name__}: {exc}"
             self.log.error("worker_failed", error=self._last_error, exc_info=True)
+            if exc is not caught:
+                # What was read before that batch is finished and committed, as in a
+                # drain: the group's offset stands at the batch (no work redone, ever).
+                with contextlib.suppress(Exception):
+                    self._finish_in_flight()
             self._teardown(failed=True)
             self._set_state("failed")
             self._finished.set()
+            if exc is not caught:
+                raise exc from caught
             if isinstance(exc, WorkerFailed):
                 raise
             raise WorkerFailed(self._last_error) from exc
@@ -334,7 +356,11 @@ class StreamWorker:
         self._topics = TopicGuard(s, admin_describe(self._admin))
         for topic in (s.output_topic, s.dead_letter_topic):
             self._topics.lookup(topic)  # their max.message.bytes (a failure keeps the default)
-        self._builder = OutputBuilder(s, self._model, self._topics, self.log)
+        # Calibration, audit, CloudEvents attributes and traces (workers.decisions).
+        self._decisions = Decisions.build(
+            s, self._classifier, tracer_provider=self._tracer_provider
+        )
+        self._builder = OutputBuilder(s, self._model, self._topics, self.log, self._decisions)
         self._consumer = self._make_consumer()
         self._make_committer()
         subscribe_known(self._consumer, s.input_topics, listener=_Listener(self))
@@ -345,6 +371,7 @@ class StreamWorker:
 
     def _make_producer(self) -> Any:
         s = self.settings
+        codec = s.producer.compression_type
         producer_kw: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
@@ -356,6 +383,7 @@ class StreamWorker:
             "delivery_timeout_ms": s.producer.delivery_timeout_ms,
             "max_request_size": s.producer.max_request_size,
             "request_timeout_ms": s.producer.request_timeout_ms,
+            "compression_type": None if codec == "none" else codec,
         }
         if self._eos:
             producer_kw["transactional_id"] = s.transactional_id
@@ -437,6 +465,9 @@ class StreamWorker:
                 self._abandon("stopping" if not failed else "failed")
         self._close_clients(failed)
         self._stop_engine_loop()
+        if self._decisions is not None:
+            with contextlib.suppress(Exception):
+                self._decisions.close()  # flushes the spans still buffered
         self.metrics.set_in_flight(0)
         self._summary = {
             "consumed": self.metrics.consumed,
@@ -661,7 +692,8 @@ class StreamWorker:
         # A body without an id (Jev's) is named after its record: its key, else its place.
         fallback = record_id(rec.key, tp.topic, tp.partition, rec.offset)
         entry.fallback_id = fallback.value
-        parsed = parse_request(rec.value, self.settings.parse_limits, fallback_id=fallback)
+        # Framing (if any), then the JSON (a structured CloudEvent by its content type).
+        parsed = self._inputs.parse(rec.value, fallback, _header(entry.headers, CONTENT_TYPE))
         if isinstance(parsed, RequestError):
             entry.error = parsed
         elif parsed.question_set is not None and parsed.question_set not in (
@@ -1039,14 +1071,22 @@ class StreamWorker:
             t0 = time.perf_counter()
             assert self._classifier is not None
             s = self.settings
+            assert self._decisions is not None
+            batch.trace = self._decisions.trace_batch(batch)  # None: tracing is off
             step = BatchClassifier(
-                self._classifier, s.engine_retries, s.engine_retry_backoff_s, self.log
+                self._classifier,
+                s.engine_retries,
+                s.engine_retry_backoff_s,
+                self.log,
+                trace_ids=_trace_ids(batch, self._decisions),
             )
             try:
                 outcomes = await step.classify(requests) if requests else []
             finally:
                 self._classified += 1
                 classified = True
+                if batch.trace is not None:
+                    batch.trace.finish("engine read")
             self.metrics.record_batch(len(batch))
             if requests:
                 self.metrics.record_engine(time.perf_counter() - t0, step.calls)
@@ -1054,6 +1094,8 @@ class StreamWorker:
             outputs = await self._builder.build(batch, outcomes)
             if prev is not None:
                 await prev.wait()
+            if batch.trace is not None:
+                batch.trace.begin("send", {"dgstream.outputs": len(outputs)})
             self._produce(batch, outputs)
         except asyncio.CancelledError:
             raise
@@ -1068,16 +1110,19 @@ class StreamWorker:
         """Step 9: send; the batch is done when every output is acknowledged (exactly-
         once: when they are in the open transaction)."""
         if batch.cancelled:  # abandoned meanwhile: its records are read again
+            Decisions.end_trace(batch)
             return
         if self._debug:
-            for o in outputs:
+            for i, o in enumerate(outputs):
                 if o.dead_code is None and o.key is not None:
                     rid = o.key.decode("utf-8", "backslashreplace")  # the input's key: any bytes
-                    self.log.debug("answered", key=rid, topic=o.topic)
+                    trace_id = Decisions.trace_id(o.entry, i, batch.trace)
+                    self.log.debug("answered", key=rid, topic=o.topic, trace_id=trace_id)
         if self._txn is not None:
             self._produce_in_transaction(batch, outputs)
             return
         if not outputs:
+            Decisions.end_trace(batch)
             self._done_q.put((batch, None))
             self._wake.set()
             return
@@ -1090,6 +1135,7 @@ class StreamWorker:
                 if finished:
                     batch.reported = True
             if finished:
+                Decisions.end_trace(batch)
                 self._done_q.put((batch, None))
                 self._wake.set()
 
@@ -1115,6 +1161,7 @@ class StreamWorker:
         for o, fut in zip(outputs, futures, strict=True):
             fut.add_errback(functools.partial(self._output_failed, batch, o))
         self._record_outputs(outputs)
+        Decisions.end_trace(batch)
         self._done_q.put((batch, None))  # in the transaction (an outage is over)
         self._wake.set()
 
@@ -1146,8 +1193,28 @@ class StreamWorker:
             if batch.reported:
                 return
             batch.reported = True
+        Decisions.end_trace(batch, exc)
         if batch.cancelled and not isinstance(exc, FatalEngineError):
             return  # abandoned already: its records are read again
         self._last_error = f"{type(exc).__name__}: {exc}"
         self._done_q.put((batch, exc))
         self._wake.set()
+
+
+def _header(headers: list[tuple[str, bytes | None]], name: str) -> str | None:
+    """A record header's value as text (the first of that name, compared ignoring case)."""
+    for key, value in headers:
+        if key.lower() == name and value:
+            return bytes(value).decode("utf-8", "replace")
+    return None
+
+
+def _trace_ids(batch: Batch, decisions: Decisions) -> dict[str, str]:
+    """Request id -> trace id, for the engine stage's log lines about a request."""
+    out = {}
+    for i, e in enumerate(batch.entries):
+        if e.request is not None:
+            tid = decisions.trace_id(e, i, batch.trace)
+            if tid is not None:
+                out[e.request.id] = tid
+    return out
