@@ -91,6 +91,14 @@ class Exported:
         return {base}
 
 
+def _truthy(annotation: str) -> Any:
+    """A value that takes every branch of publish(): True for flags, one cause for lists
+    of causes, 1 for counts and rates."""
+    if "bool" in annotation:
+        return True
+    return ["cause"] if "Sequence" in annotation else 1
+
+
 def exported_metrics(monkeypatch: Any) -> dict[str, Exported]:
     """Every metric that workers/metrics.py and topology/metrics.py create, read by running
     their code with recording stand-ins for ray.util.metrics' classes (the real signatures
@@ -136,11 +144,11 @@ def exported_metrics(monkeypatch: Any) -> dict[str, Exported]:
 
     WorkerMetrics("p", "w", use_ray=True)
     # publish() with every optional figure given (truthy), so that every branch that
-    # creates a metric runs: True for flags, 1 for counts and rates.
+    # creates a metric runs.
     kwargs: dict[str, Any] = {}
     for name, param in inspect.signature(controller_metrics.publish).parameters.items():
         if param.kind is inspect.Parameter.KEYWORD_ONLY:
-            kwargs[name] = True if "bool" in str(param.annotation) else 1
+            kwargs[name] = _truthy(str(param.annotation))
     controller_metrics.publish("p", **kwargs)
     return found
 

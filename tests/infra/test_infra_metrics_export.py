@@ -49,8 +49,13 @@ def record():
     m.record_lost(1)
     m.record_aborted()
     m.record_outage_try("engine")
+    m.record_registry_unverified()
     kwargs = {
-        name: True if "bool" in str(p.annotation) else 1
+        name: (
+            True if "bool" in str(p.annotation)
+            else ["cause"] if "Sequence" in str(p.annotation)
+            else 1
+        )
         for name, p in inspect.signature(controller_metrics.publish).parameters.items()
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     }
