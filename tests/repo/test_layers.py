@@ -209,3 +209,26 @@ def test_the_stream_roles_do_not_import_each_other() -> None:
     assert not crossings, "\n".join(crossings)
     knows_them = sorted(m for m, names in graph.items() if names & roles)
     assert knows_them == ["workers.stream.loop", "workers.worker"], knows_them
+
+
+# ------------------------------------------------------------------ the worker's shape
+
+# What a new engineer can hold in their head: the facade stays short (the roles are
+# workers/stream/'s modules) and no class of the worker grows a crowd of methods.
+_FACADE_LINES = 300
+_METHODS_PER_CLASS = 20
+
+
+def test_the_worker_facade_is_short_and_no_worker_class_is_crowded() -> None:
+    lines = len((ROOT / "workers" / "worker.py").read_text().splitlines())
+    assert lines <= _FACADE_LINES, f"workers/worker.py has {lines} lines"
+    crowded = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                defs = [
+                    d for d in node.body if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+                if len(defs) > _METHODS_PER_CLASS:
+                    crowded.append(f"{path.relative_to(ROOT)}: {node.name} has {len(defs)} methods")
+    assert not crowded, "\n".join(crowded)
