@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -38,7 +39,7 @@ from workers.topics import TopicGuard
 __all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "delivery_for"]
 
 
-class Delivery:
+class Delivery(ABC):
     """What both halves share: the producer, the outputs' bookkeeping, a failed send."""
 
     must_abandon_unfinished: ClassVar[bool] = False
@@ -113,23 +114,27 @@ class Delivery:
     def _producer_options(self) -> dict[str, Any]:
         return {}
 
-    def _committer_for(self, consumer: Any) -> Committer:
-        raise NotImplementedError
+    @abstractmethod
+    def _committer_for(self, consumer: Any) -> Committer: ...
 
+    @abstractmethod
     def send(self, batch: Batch, outputs: list[Output]) -> None:
-        raise NotImplementedError
+        """A batch's outputs to the broker (engine loop); the batch ends in the completion
+        queue."""
 
+    @abstractmethod
     def delivered(self, batch: Batch) -> None:
         """A completion without error reached the consumer thread."""
 
+    @abstractmethod
     def in_transaction(self) -> set[int]:
         """ids of the batches whose outputs are in the open transaction."""
-        return set()
 
+    @abstractmethod
     def abort(self, cancel: Callable[[], None]) -> None:
         """Cancel the open work (`cancel()`), and what was sent of it where it can be."""
-        cancel()
 
+    @abstractmethod
     def after_failed_send(self) -> None:
         """A send failed, or a batch is read again because one did."""
 
@@ -199,7 +204,13 @@ class AtLeastOnce(Delivery):
         self._watch(batch, outputs, futures)
 
     def delivered(self, batch: Batch) -> None:
-        batch.done = True
+        batch.done = True  # every output acknowledged: its offsets may be committed
+
+    def in_transaction(self) -> set[int]:
+        return set()  # no transaction: a batch is done when acknowledged
+
+    def abort(self, cancel: Callable[[], None]) -> None:
+        cancel()  # what was sent stays sent: the records are read again (at least once)
 
     def after_failed_send(self) -> None:
         # kafka-python's idempotent sender may have gone fatal with this batch (it does
@@ -246,8 +257,14 @@ class ExactlyOnce(Delivery):
         self._watch(batch, outputs, futures)
         self._completions.done(batch)  # in the transaction (an outage is over)
 
+    def delivered(self, batch: Batch) -> None:
+        pass  # done when the transaction holding its outputs commits (with its offsets)
+
     def in_transaction(self) -> set[int]:
         return self._txn.in_transaction()
+
+    def after_failed_send(self) -> None:
+        pass  # the transaction is aborted with the open work, which makes the producer usable
 
     def abort(self, cancel: Callable[[], None]) -> None:
         """Cancel the batches in flight and abort the open transaction with them. Raises
