@@ -192,3 +192,91 @@ class FakeConsumer:
 
 def roles(**overrides: Any) -> tuple[Shared, Completions, FakeDelivery, FakeConsumer]:
     return shared(**overrides), Completions(), FakeDelivery(), FakeConsumer()
+
+
+class SendFuture:
+    """A send's future as kafka-python's FutureRecordMetadata works for the worker: its
+    callbacks run when it is resolved (at once when added after)."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._errbacks: list[Callable[[BaseException], None]] = []
+        self.is_done = False
+        self.exception: BaseException | None = None
+
+    def add_callback(self, fn: Callable[[Any], None]) -> None:
+        if self.is_done and self.exception is None:
+            fn("metadata")
+        else:
+            self._callbacks.append(fn)
+
+    def add_errback(self, fn: Callable[[BaseException], None]) -> None:
+        if self.is_done and self.exception is not None:
+            fn(self.exception)
+        else:
+            self._errbacks.append(fn)
+
+    def failed(self) -> bool:
+        return self.exception is not None
+
+    def ack(self) -> None:
+        self.is_done = True
+        for fn in self._callbacks:
+            fn("metadata")
+
+    def fail(self, exc: BaseException) -> None:
+        self.is_done, self.exception = True, exc
+        for fn in self._errbacks:
+            fn(exc)
+
+
+class SendingProducer:
+    """A producer whose sends stay pending until the test acks or fails them; the
+    transactional calls are recorded (and fail on demand, `fail[name]`)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, SendFuture]] = []
+        self.calls: list[str] = []
+        self.fail: dict[str, BaseException] = {}
+        self._transaction_manager = type("Manager", (), {"last_error": None})()
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.fail:
+            raise self.fail[name]
+
+    def send(self, topic: str, value: bytes, key: bytes | None, headers: Any) -> SendFuture:
+        self._call("send")
+        future = SendFuture()
+        self.sent.append((topic, key, future))
+        return future
+
+    def init_transactions(self) -> None:
+        self._call("init_transactions")
+
+    def begin_transaction(self) -> None:
+        self._call("begin_transaction")
+
+    def abort_transaction(self) -> None:
+        self._call("abort_transaction")
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._call("flush")
+
+    def close(self, timeout: float | None = None) -> None:
+        self._call("close")
+
+
+class ForgettingTopics:
+    """What delivery asks of the topic guard: to forget a topic a send failed on."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    def forget(self, topic: str) -> None:
+        self.forgotten.append(topic)
+
+
+def output(b: Batch, topic: str = "out", dead: str | None = None, i: int = 0) -> Output:
+    entry = b.entries[i]
+    return Output(topic, b"k%d" % entry.offset, b"v", [], entry, dead, None)
