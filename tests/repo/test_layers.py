@@ -226,8 +226,12 @@ def test_the_worker_facade_is_short_and_no_worker_class_is_crowded() -> None:
     for path in sorted((ROOT / "workers").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef):
+                # (mutmut's copy of the source, mutants/, holds a method per mutant)
                 defs = [
-                    d for d in node.body if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef)
+                    d
+                    for d in node.body
+                    if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and "__mutmut_" not in d.name
                 ]
                 if len(defs) > _METHODS_PER_CLASS:
                     crowded.append(f"{path.relative_to(ROOT)}: {node.name} has {len(defs)} methods")
