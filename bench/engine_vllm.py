@@ -240,23 +240,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     model = full_size_dir(args.quant, root)
     peak = PeakMemory()
     total_gib = peak.total / 2**30
-    # Engine knobs left out take VllmSettings' defaults (what the tuning runs chose).
-    knobs = {
+    # Engine knobs left out take VllmSettings' defaults (the product's): the served canvas,
+    # reads in flight, the token budget, gpu_memory_utilization (on the emulated card,
+    # DGSTREAM_CARD_GIB, it means what it would on that card).
+    knobs: dict[str, Any] = {
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "async_scheduling": args.async_scheduling,
+        "canvas_length": args.served_canvas,
+        "max_model_len": args.max_model_len,
     }
+    if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
+        knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
     settings = VllmSettings(
         model=str(model),
         load_format="dummy",
         skip_tokenizer_init=True,
-        max_model_len=args.max_model_len,
-        canvas_length=args.canvas,
-        gpu_memory_utilization=round(args.budget_gib / total_gib, 4),
         enforce_eager=args.eager,
         cudagraph_capture_sizes="to_budget" if args.graphs == "budget" else None,
         diffusion_constrained=not args.unconstrained,
         profiler_dir=args.profile or None,
+        read_path=args.read_path,
         **{k: v for k, v in knobs.items() if v is not None},
     )
     # The reads' labels (bench.engine_gpu.make_reads) as the one shared set, as the factory
@@ -269,6 +273,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         start_s = time.perf_counter() - t0
         start_peak, start_processes = peak.reset(), dict(peak.processes)
         cache = engine._engine.vllm_config.cache_config
+        gmu_used = cache.gpu_memory_utilization
+        seqs_used = engine._engine.vllm_config.scheduler_config.max_num_seqs
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab)
         if args.profile:
@@ -279,11 +285,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     kv_tokens = re.findall(r"GPU KV cache size: ([0-9,]+) tokens", text)
     info = {
         "engine": "vllm",
+        "read_path": engine.read_path,
         "quant": args.quant,
         "gpu": peak.name,
         "gpu_total_gib": total_gib,
+        "card_gib": float(os.environ.get("DGSTREAM_CARD_GIB") or 0) or None,
         "budget_gib": args.budget_gib,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "engine_gpu_memory_utilization": gmu_used,
+        "max_num_seqs_used": seqs_used,
         "start_s": start_s,
         "weights_gib": float(loaded[-1]) if loaded else None,
         "kv_cache_tokens": int(kv_tokens[-1].replace(",", "")) if kv_tokens else None,
@@ -296,6 +306,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_gib": peak.close() / 2**30,
         "peak_processes_gib": peak.processes,
         "memory_timeline": peak.timeline,
+        # Each process's own peak, as the card emulation saw it (bench/gpu/card).
+        "process_peaks": card_reports(),
         "settings": settings.model_dump(),
     }
     brief = {k: v for k, v in info.items() if k not in ("settings", "memory_timeline")}
@@ -303,10 +315,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"info": info, "rows": rows, "args": vars(args)}
 
 
+def card_reports() -> list[dict[str, Any]]:
+    """The card emulation's per-process peaks (DGSTREAM_CARD_REPORT), largest first."""
+    folder = os.environ.get("DGSTREAM_CARD_REPORT")
+    if not folder or not Path(folder).is_dir():
+        return []
+    out = []
+    for f in Path(folder).glob("card-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            out.append(json.loads(f.read_text()))
+    return sorted(out, key=lambda r: -r.get("peak_reserved_gib", 0))
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quant", choices=["bf16", "nvfp4"], default="nvfp4")
-    ap.add_argument("--budget-gib", type=float, default=23.0, help="GPU memory for vLLM")
-    ap.add_argument("--max-model-len", type=int, default=16_384)
+    ap.add_argument(
+        "--budget-gib",
+        type=float,
+        default=0.0,
+        help="a share of the whole GPU for vLLM (0: the settings' gpu_memory_utilization)",
+    )
+    ap.add_argument("--read-path", choices=["dgstream", "stock"], default="dgstream")
+    ap.add_argument(
+        "--served-canvas", type=int, default=None, help="served canvas (default: settings')"
+    )
+    ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=None, help="vLLM resets >= 128 to 8")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--graphs", choices=["default", "budget"], default="budget")

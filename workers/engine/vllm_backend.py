@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 import urllib.error
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.engine.types import (
     EngineConfigError,
@@ -40,13 +41,20 @@ from workers.engine.types import (
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm import SamplingParams
 
+log = logging.getLogger(__name__)
+
 # vllm/sampling_params.py: MAX_LOGPROB_TOKEN_IDS = 128 ("Upper bound on
 # `SamplingParams.logprob_token_ids` list length"); `_validate_logprobs` refuses more.
 MAX_LOGPROB_TOKEN_IDS = 128
 # The vocabulary of google/diffusiongemma-26B-A4B-it (its config.json, text_config.vocab_size).
 DIFFUSION_GEMMA_VOCAB = 262_144
-# vLLM 0.33 resets DiffusionGemma's max_num_seqs to 8 from 128 up (see VllmSettings).
+# vLLM 0.33 resets DiffusionGemma's max_num_seqs to 8 from 128 up (see VllmSettings):
+# the most its own read path keeps.
 MAX_NUM_SEQS = 127
+# With the project's read path: reads in flight by default, and a bound (vLLM's scheduler
+# keeps a few tensors of max_num_seqs x canvas; 1024 is four times the default).
+READ_PATH_SEQS = 256
+MAX_READ_PATH_SEQS = 1024
 
 
 class VllmSettings(BaseModel):
@@ -80,12 +88,14 @@ class VllmSettings(BaseModel):
     # (`SamplingParams._validate_logprobs`); max_logprobs bounds a top-k `logprobs=n`, which a
     # client of the remote mode may send as len(label union): allow the same 128.
     max_logprobs: int = Field(default=MAX_LOGPROB_TOKEN_IDS, ge=1)
-    # Reads in flight per step: 127, the most vLLM 0.33 keeps (it lowers any max_num_seqs
-    # >= 128, its generic default, to 8 for DiffusionGemma without a word:
-    # `DiffusionGemmaConfig.verify_and_update_config`). Measured on one H200 at a 23 GiB
-    # budget, NVFP4, 256-token prompts (docs/benchmarks.md#vllm-tuning): 127 against the 8 that
-    # ran before lifted batch-256 reads/s 53 -> 147 unique and 124 -> 274 on one question set.
-    max_num_seqs: int = Field(default=MAX_NUM_SEQS, gt=0, le=MAX_NUM_SEQS)
+    # Reads in flight per step. None = 256 with the project's read path (the benchmark's
+    # largest batch; the KV cache and the token budget bound what runs in one step below
+    # it), 127 with vLLM's own (it lowers any max_num_seqs >= 128, its generic default, to
+    # 8 for DiffusionGemma without a word: `DiffusionGemmaConfig.verify_and_update_config`;
+    # the read path keeps the value). Measured on one H200 at a 23 GiB budget, NVFP4,
+    # 256-token prompts (docs/benchmarks.md#vllm-tuning): 127 against the 8 that ran before
+    # lifted batch-256 reads/s 53 -> 147 unique and 124 -> 274 on one question set.
+    max_num_seqs: int | None = Field(default=None, gt=0, le=MAX_READ_PATH_SEQS)
     # Tokens a step may schedule. Measured at 23 GiB (same run): 4096 gave the most reads/s
     # on one question set (355 at batch 256, against 304 at 8192) and 7% fewer on unique
     # prompts (141 against 151); 16384 left too little KV cache for one 16,384-token request
@@ -143,6 +153,30 @@ class VllmSettings(BaseModel):
     # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
     # writes traces there). For profiling runs only.
     profiler_dir: str | None = None
+    # How reads run inside vLLM: "dgstream", the project's read path (the vLLM plugin in
+    # `workers.engine.vllm_reads`: label-only unembedding, a sync-free batched step, batched
+    # self-conditioning and admission); "stock", vLLM 0.33's own. The read path needs the
+    # plugin's entry point installed and vLLM 0.33.x; without them the engine says so and
+    # runs "stock".
+    read_path: Literal["dgstream", "stock"] = "dgstream"
+    # The read path's bound on one tile of full-vocabulary rows (unconstrained reads and
+    # vLLM's warmup); see `workers.engine.vllm_reads.options.ReadPathOptions`.
+    logits_tile_mib: int = Field(default=256, ge=16, le=16_384)
+
+    @model_validator(mode="after")
+    def _seqs_fit_the_path(self) -> VllmSettings:
+        if self.read_path == "stock" and (self.max_num_seqs or 0) > MAX_NUM_SEQS:
+            raise ValueError(
+                f"max_num_seqs: {self.max_num_seqs} with read_path 'stock' would be lowered "
+                f"to 8 by vLLM 0.33; use at most {MAX_NUM_SEQS} (or read_path 'dgstream')"
+            )
+        return self
+
+    def reads_in_flight(self, read_path: str | None = None) -> int:
+        """max_num_seqs as resolved for a read path (the settings' own by default)."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return READ_PATH_SEQS if (read_path or self.read_path) == "dgstream" else MAX_NUM_SEQS
 
 
 # The reported run's max_model_len (DESIGN: RTX 3090, NVFP4, 16,384 tokens).
@@ -188,7 +222,8 @@ def check_model(settings: VllmSettings) -> VllmSettings:
             f"for {', '.join(missing)} (vLLM reads them raw and fails on null); write them "
             "with workers.engine.models.write_generation_config"
         )
-    return settings.model_copy(update={"max_model_len": length})
+    vocab = text.get("vocab_size") or settings.vocab_size
+    return settings.model_copy(update={"max_model_len": length, "vocab_size": int(vocab)})
 
 
 # Scheduled-token sizes for CUDA graphs: steps of 8 to 32 tokens up to 256 (single-read
@@ -209,10 +244,112 @@ def graph_sizes(settings: VllmSettings) -> tuple[int, ...] | None:
     return sizes
 
 
-def engine_args(settings: VllmSettings) -> dict[str, Any]:
+def read_path_available() -> str | None:
+    """None when the project's read path can serve in vLLM here, else why not: it needs
+    vLLM 0.33.x and the plugin's entry point installed (vLLM finds plugins only through
+    package metadata, in every process it starts)."""
+    from importlib import metadata
+
+    from workers.engine import vllm_reads
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return "vLLM is not installed"
+    if not vllm_reads.supported(version):
+        return f"vLLM {version} is not {vllm_reads.SUPPORTED_VLLM}.x"
+    found = metadata.entry_points(
+        group=vllm_reads.ENTRY_POINT_GROUP, name=vllm_reads.ENTRY_POINT_NAME
+    )
+    if not list(found):
+        return (
+            f"the plugin's entry point ({vllm_reads.ENTRY_POINT_GROUP}: "
+            f"{vllm_reads.ENTRY_POINT_NAME}) is not installed: install the project "
+            "(pip install .) where vLLM runs"
+        )
+    return None
+
+
+def resolve_read_path(settings: VllmSettings) -> tuple[str, str]:
+    """(the read path an engine of these settings runs, why)."""
+    if settings.read_path == "stock":
+        return "stock", "read_path is 'stock'"
+    missing = read_path_available()
+    if missing is not None:
+        return "stock", f"the dgstream read path cannot load: {missing}"
+    return "dgstream", "the dgstream read path (vLLM plugin)"
+
+
+# The card an engine may use: DGSTREAM_CARD_GIB when set (the 24 GB emulation sets it for
+# every process of a run; see bench/gpu/card/), else what NVML reports for the first
+# visible GPU. Only the stock path's reserve needs it.
+CARD_ENV = "DGSTREAM_CARD_GIB"
+
+
+def card_bytes() -> int | None:
+    """The GPU's memory in bytes, read without opening a CUDA context (NVML), or None."""
+    if env := os.environ.get(CARD_ENV):
+        return int(float(env) * 2**30)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        if visible.startswith("GPU-"):
+            handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible or 0))
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except Exception:  # no NVML, no GPU (CI), an odd CUDA_VISIBLE_DEVICES
+        return None
+
+
+def stock_utilization(settings: VllmSettings, max_num_seqs: int) -> float:
+    """gpu_memory_utilization for vLLM's own read path: the settings' share of the card less
+    the first denoise step that vLLM's memory profile never runs (it would take the memory
+    from the KV cache's side otherwise, and fail in the warmup on a 24 GB card), or
+    `EngineConfigError` naming the settings when that step leaves nothing."""
+    from workers.engine.vllm_reads.options import GIB, stock_denoise_bytes
+
+    card = card_bytes()
+    if card is None:
+        return settings.gpu_memory_utilization
+    step = stock_denoise_bytes(
+        max_num_seqs, settings.max_num_batched_tokens, settings.canvas_length, settings.vocab_size
+    )
+    utilization = settings.gpu_memory_utilization - step / card
+    if utilization < MIN_STOCK_UTILIZATION:
+        raise EngineConfigError(
+            f"engine.vllm: vLLM's own read path needs {step / GIB:.2f} GiB for its first "
+            f"denoise step (max_num_seqs {max_num_seqs}, max_num_batched_tokens "
+            f"{settings.max_num_batched_tokens}, canvas_length {settings.canvas_length}, "
+            f"{settings.vocab_size} ids) beyond gpu_memory_utilization "
+            f"{settings.gpu_memory_utilization} of this {card / GIB:.1f} GiB card; lower "
+            "them, or use read_path 'dgstream'"
+        )
+    return round(utilization, 4)
+
+
+# Below this share of the card there is no room for weights and a KV cache at all: the
+# settings are wrong, not tight.
+MIN_STOCK_UTILIZATION = 0.05
+
+
+def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[str, Any]:
     """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs` (settings checked and
-    resolved by `check_model` first)."""
+    resolved by `check_model` first) for an engine on `read_path` (default: the settings'
+    own)."""
+    from workers.engine.vllm_reads.options import ReadPathOptions
+
     settings = check_model(settings)
+    path = read_path or settings.read_path
+    seqs = min(settings.reads_in_flight(path), MAX_NUM_SEQS if path == "stock" else 10**9)
+    utilization = (
+        stock_utilization(settings, seqs) if path == "stock" else settings.gpu_memory_utilization
+    )
+    options = ReadPathOptions(
+        enabled=path == "dgstream", logits_tile_mib=settings.logits_tile_mib, max_num_seqs=seqs
+    )
     args: dict[str, Any] = {
         "model": settings.model,
         "tokenizer": settings.tokenizer,
@@ -225,9 +362,9 @@ def engine_args(settings: VllmSettings) -> dict[str, Any]:
         "attention_backend": settings.attention_backend,
         "enable_prefix_caching": settings.enable_prefix_caching,
         "max_logprobs": settings.max_logprobs,
-        "max_num_seqs": settings.max_num_seqs,
+        "max_num_seqs": seqs,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "gpu_memory_utilization": utilization,
         "quantization": settings.quantization,
         "dtype": settings.dtype,
         "seed": settings.seed,
@@ -236,6 +373,7 @@ def engine_args(settings: VllmSettings) -> dict[str, Any]:
         "language_model_only": settings.language_model_only,
         "skip_tokenizer_init": settings.skip_tokenizer_init,
         "load_format": settings.load_format,
+        "additional_config": options.as_additional_config(),
     }
     sizes = graph_sizes(settings)
     if sizes is not None:
@@ -276,6 +414,7 @@ def serve_command(
         "seed": a["seed"],
         "tensor-parallel-size": a["tensor_parallel_size"],
         "load-format": a["load_format"],
+        "additional-config": json.dumps(a["additional_config"]),
     }
     for flag, value in flags.items():
         if value is not None:
@@ -459,6 +598,8 @@ class VllmEngine:
         self._engine: Any = None
         self._lock = asyncio.Lock()
         self._vocab_size = self.settings.vocab_size
+        # The read path the running engine uses ("dgstream" or "stock"); None until start.
+        self.read_path: str | None = None
 
     @property
     def info(self) -> EngineInfo:
@@ -477,6 +618,7 @@ class VllmEngine:
             self.settings.model_copy(update={"diffusion_constrained": diffusion_constrained})
         )
         other._engine, other._vocab_size, other._lock = self._engine, self._vocab_size, self._lock
+        other.read_path = self.read_path
         return other
 
     async def start(self) -> None:
@@ -488,19 +630,37 @@ class VllmEngine:
         async with self._lock:
             if self._engine is not None:
                 return
-            from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            args = engine_args(self.settings)  # EngineConfigError names a bad setting
+            engine_kwargs = self._engine_kwargs()  # EngineConfigError names a bad setting
             # vLLM forks its engine-core process by default, and a fork cannot use CUDA once
             # this process has touched it (torch.cuda.is_available() is enough): spawn.
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
             try:
-                engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+                engine = AsyncLLM.from_engine_args(engine_kwargs)
             except Exception as exc:
                 raise FatalEngineError(f"vLLM engine failed to start: {exc}") from exc
             self._engine = engine
             self._vocab_size = int(engine.model_config.get_vocab_size())
+
+    def _engine_kwargs(self) -> Any:
+        """vLLM's engine arguments on the read path that can run here (it says which)."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        from workers.engine import vllm_reads
+
+        path, why = resolve_read_path(self.settings)
+        kwargs = AsyncEngineArgs(**engine_args(self.settings, path))
+        # Building the arguments loaded vLLM's plugins in this process: the read path is
+        # only on if its plugin registered (vLLM loads it the same way in its engine core).
+        if path == "dgstream" and not (vllm_reads.status() or "").startswith("registered"):
+            path, why = "stock", f"the dgstream plugin did not register: {vllm_reads.status()}"
+            kwargs = AsyncEngineArgs(**engine_args(self.settings, path))
+        self.read_path = path
+        (log.info if path == self.settings.read_path else log.warning)(
+            "vLLM reads: %s (%s)", path, why
+        )
+        return kwargs
 
     async def read(self, reads: Sequence[Read]) -> list[ReadResult]:
         await self.start()

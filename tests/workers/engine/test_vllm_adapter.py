@@ -712,34 +712,43 @@ def test_graphs_are_captured_up_to_the_token_budget_by_default(budget: int) -> N
     )
 
 
-@pytest.mark.parametrize("asked", [127, 128])
-def test_vllm_lowers_max_num_seqs_from_128_so_settings_stop_at_127(
-    served: SimpleNamespace, asked: int
+@pytest.mark.parametrize("asked", [127, 128, 256])
+@pytest.mark.parametrize("path", ["stock", "dgstream"])
+def test_vllm_lowers_max_num_seqs_from_128_unless_the_read_path_keeps_it(
+    served: SimpleNamespace, asked: int, path: str
 ) -> None:
     """vLLM 0.33 resets DiffusionGemma's max_num_seqs >= 128 to 8 silently: the first H200
-    runs asked for 256 and read 8 a step. The settings refuse what vLLM would reset."""
+    runs asked for 256 and read 8 a step. On vLLM's own read path the settings refuse what
+    it would reset; the project's read path (its plugin, registered when the engine args
+    were built) keeps the value."""
     from vllm.config import SchedulerConfig
 
+    from workers.engine import vllm_reads
     from workers.engine.vllm_backend import MAX_NUM_SEQS
 
+    assert (vllm_reads.status() or "").startswith("registered")
     sc = SchedulerConfig(
         max_num_seqs=asked,
         max_num_batched_tokens=8192,
         max_model_len=16_384,
         is_encoder_decoder=False,
     )
+    options = vllm_reads.ReadPathOptions(enabled=path == "dgstream", max_num_seqs=asked)
     vc = VllmConfig(
         model_config=served.args.create_model_config(),  # fresh: the hook runs once per config
         scheduler_config=sc,
         diffusion_config=served.args.create_diffusion_config(),
         device_config=DeviceConfig(device="cpu"),
+        additional_config=options.as_additional_config(),
     )
-    assert vc.scheduler_config.max_num_seqs == (asked if asked <= MAX_NUM_SEQS else 8)
-    if asked > MAX_NUM_SEQS:
+    kept = path == "dgstream" or asked <= MAX_NUM_SEQS
+    assert vc.scheduler_config.max_num_seqs == (asked if kept else 8)
+    if not kept:
         with pytest.raises(ValueError, match="max_num_seqs"):
-            VllmSettings(max_num_seqs=asked)
+            VllmSettings(max_num_seqs=asked, read_path="stock")
     else:
-        assert VllmSettings(max_num_seqs=asked).max_num_seqs == asked
+        settings = VllmSettings(max_num_seqs=asked, read_path=path)  # type: ignore[arg-type]
+        assert engine_args(settings, path)["max_num_seqs"] == asked
 
 
 def test_reads_share_one_label_set_and_still_pass_admission(served: SimpleNamespace) -> None:

@@ -135,9 +135,28 @@ def vllm_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
     t0 = time.perf_counter()
     loop.run_until_complete(engine.start())
     REPORT["vllm_start_s"] = time.perf_counter() - t0
+    # The default engine runs the project's read path: were the plugin missing, every test
+    # below would compare vLLM's own path with itself.
+    assert engine.read_path == "dgstream", engine.read_path
     yield engine
     loop.run_until_complete(engine.close())
     _write_report()
+
+
+@pytest.fixture(scope="module")
+def stock_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
+    """vLLM 0.33's own read path on the same GPU: the read path's reference."""
+    chat = _chat()
+    engine = VllmEngine(
+        demo_settings(read_path="stock"),
+        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
+    )
+    t0 = time.perf_counter()
+    loop.run_until_complete(engine.start())
+    REPORT["stock_start_s"] = time.perf_counter() - t0
+    assert engine.read_path == "stock"
+    yield engine
+    loop.run_until_complete(engine.close())
 
 
 def _chat() -> Any:
@@ -208,6 +227,42 @@ def test_vllm_answers_as_the_transformers_engine_does(
     assert_bar_met(report)
     if not constrained:  # the full vocabulary is read: the label mass is known
         assert all(m is not None for r in results for m in r.diagnostics.label_mass.values())
+
+
+@pytest.mark.parametrize("constrained", [True, False], ids=["constrained", "full-vocabulary"])
+def test_the_read_path_answers_as_stock_vllm(
+    loop: asyncio.AbstractEventLoop,
+    vllm_engine: VllmEngine,
+    stock_engine: VllmEngine,
+    requests: list[Any],
+    constrained: bool,
+) -> None:
+    """The project's read path (the vLLM plugin) against vLLM 0.33's own, both in vLLM on
+    the same canvases: every answer the same, every probability within 0.01."""
+    chat = _chat()
+    ours = Classifier(
+        vllm_engine.sibling(diffusion_constrained=constrained), chat, ClassifierSettings(seed=0)
+    )
+    theirs = Classifier(
+        stock_engine.sibling(diffusion_constrained=constrained), chat, ClassifierSettings(seed=0)
+    )
+    classify(loop, ours, requests[:BATCH])  # warm-up
+    classify(loop, theirs, requests[:BATCH])
+    mine, ours_s = classify(loop, ours, requests)
+    stock, stock_s = classify(loop, theirs, requests)
+    agreement = compare(stock, mine)
+    mode = "constrained" if constrained else "full_vocabulary"
+    REPORT[f"read_path_vs_stock_{mode}"] = {
+        **agreement,
+        "requests": len(requests),
+        "seconds": ours_s,
+        "stock_seconds": stock_s,
+    }
+    print(f"\nread path vs stock vLLM ({mode}): {agreement}")
+    assert agreement["answers_differ"] == 0, agreement
+    assert agreement["max_probability_gap"] <= MAX_GAP, agreement
+    if not constrained:
+        assert all(m is not None for r in mine for m in r.diagnostics.label_mass.values())
 
 
 def _free_port() -> int:
