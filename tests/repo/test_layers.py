@@ -110,13 +110,39 @@ def _module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _typing_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): a block that never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` outside `if TYPE_CHECKING:` blocks (their `else` runs)."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if _typing_only(node):
+            assert isinstance(node, ast.If)
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _imported_modules(path: Path, known: set[str]) -> set[str]:
-    """The modules of `known` that `path` imports, at module level or inside a function:
-    `from a.b import c` is a.b.c when that is a module, else a.b; importing a module runs
-    its packages' __init__ first, so those count too."""
+    """The modules of `known` that `path` imports when it runs, at module level or inside a
+    function (not under `if TYPE_CHECKING:`, which never runs): `from a.b import c` is a.b.c
+    when that is a module, else a.b; importing a module runs its packages' __init__ first,
+    so those count too."""
     tree = ast.parse(path.read_text(), str(path))
     named: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             named.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -185,8 +211,14 @@ def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
     (pkg / "stream" / "a.py").write_text("def f():\n    from workers import c\n")
     (pkg / "stream" / "b.py").write_text("x = 1\n")
     (pkg / "c.py").write_text("import workers.stream.b\n")
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers import c\n"
+        "else:\n    import json\n"
+    )
+    (pkg / "e.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import workers.d\n")
     graph = import_graph(tmp_path, "workers")
     assert graph["workers.c"] == {"workers.stream", "workers.stream.b"}
+    assert graph["workers.d"] == set() and graph["workers.e"] == set()  # typing only
     assert find_cycle(graph) is None  # b imports nothing back
     (pkg / "stream" / "b.py").write_text("from workers.stream.a import f\n")
     cycle = find_cycle(import_graph(tmp_path, "workers"))
