@@ -12,6 +12,7 @@ and polled again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kafka import TopicPartition
@@ -48,10 +49,17 @@ Records = dict[TopicPartition, list[Any]]
 class Intake:
     """The consumer's reads and the batch being filled."""
 
-    def __init__(self, shared: Shared, completions: Completions, consumer: Any) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        completions: Completions,
+        consumer: Any,
+        clock: Callable[[], float] = time.monotonic,  # tests pass their own
+    ) -> None:
         self._s = shared
         self._completions = completions
         self._consumer = consumer
+        self._clock = clock
         self._seq = 0
         self._last_poll = 0.0
         self._marks: dict[TopicPartition, tuple[int, str]] = {}  # to commit before submitting
@@ -74,7 +82,7 @@ class Intake:
         being filled may still wait."""
         b, acc = self._s.settings.batching, self._s.acc
         if acc is not None and len(acc):
-            timeout_ms = max(0, int((acc.started + b.max_wait_ms / 1000 - time.monotonic()) * 1000))
+            timeout_ms = max(0, int((acc.started + b.max_wait_ms / 1000 - self._clock()) * 1000))
         elif self._s.offsets.in_flight:
             timeout_ms = b.max_wait_ms
         else:
@@ -83,7 +91,7 @@ class Intake:
             timeout_ms = max(timeout_ms, REJOIN_POLL_MS)
         room = (1 if self._s.poison.careful() else b.max_records) - (len(acc) if acc else 0)
         records: Records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max(room, 1))
-        self._last_poll = time.monotonic()
+        self._last_poll = self._clock()
         return records
 
     def wait_full(self) -> None:
@@ -98,11 +106,11 @@ class Intake:
         second has passed) it takes at most one record and seeks back to it."""
         self._completions.wait(FULL_WAIT_S)
         rejoin = self.rejoin_pending()
-        if not rejoin and time.monotonic() - self._last_poll < FULL_POLL_EVERY_S:
+        if not rejoin and self._clock() - self._last_poll < FULL_POLL_EVERY_S:
             return
         consumer = self._consumer
         records = consumer.poll(timeout_ms=REJOIN_POLL_MS if rejoin else 0, max_records=1)
-        self._last_poll = time.monotonic()
+        self._last_poll = self._clock()
         with self._s.lock:
             self._s.assignment = set(consumer.assignment())
             for tp, recs in (records or {}).items():
@@ -118,7 +126,7 @@ class Intake:
                 self._first_seen(tp, recs[0].offset)
         if s.acc is None:
             self._seq += 1
-            s.acc = Batch(self._seq)
+            s.acc = Batch(self._seq, started=self._clock())
         acc = s.acc
         room = 1 - len(acc) if s.poison.careful() else sum(map(len, records.values()))
         n = 0
@@ -189,7 +197,7 @@ class Intake:
         if (
             len(acc) >= b.max_records
             or self._s.poison.careful()
-            or time.monotonic() - acc.started >= b.max_wait_ms / 1000
+            or self._clock() - acc.started >= b.max_wait_ms / 1000
             or self._s.engine_idle()
         ):
             return acc

@@ -5,7 +5,7 @@ fake consumer (`stream_fakes.FakeConsumer`) records the polls and seeks."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 from typing import Any
 
 import pytest
@@ -32,12 +32,20 @@ def _request(rid: str | None = "r1", **extra: Any) -> bytes:
     return json.dumps(body).encode()
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _intake(
     *, batching: Batching | None = None, **overrides: Any
-) -> tuple[Intake, Shared, FakeConsumer, Completions]:
+) -> tuple[Intake, Shared, FakeConsumer, Completions, Clock]:
     s = shared(batching=batching or Batching(max_records=4, max_wait_ms=50), **overrides)
-    consumer, done = FakeConsumer(), Completions()
-    return Intake(s, done, consumer), s, consumer, done
+    consumer, done, clock = FakeConsumer(), Completions(), Clock()
+    return Intake(s, done, consumer, clock), s, consumer, done, clock
 
 
 def _log(s: Shared) -> RecordingLog:
@@ -54,14 +62,14 @@ def _suspect(intake: Intake, consumer: FakeConsumer, tp: Any = T0, at: int = 0) 
 
 
 def test_a_suspect_partition_leaves_one_slot() -> None:
-    intake, _, consumer, _ = _intake(batching=Batching(max_records=4, max_in_flight=3))
+    intake, _, consumer, _, _ = _intake(batching=Batching(max_records=4, max_in_flight=3))
     assert intake.slots() == 3
     _suspect(intake, consumer)
     assert intake.slots() == 1
 
 
 def test_full_when_every_slot_is_taken_or_an_outage_holds_new_work() -> None:
-    intake, s, _, _ = _intake(batching=Batching(max_records=4, max_in_flight=2))
+    intake, s, _, _, _ = _intake(batching=Batching(max_records=4, max_in_flight=2))
     s.offsets.track(batch(1, (T0, 0)))
     assert not intake.full()
     s.offsets.track(batch(2, (T0, 1)))
@@ -76,40 +84,39 @@ def test_full_when_every_slot_is_taken_or_an_outage_holds_new_work() -> None:
 
 
 def test_an_idle_worker_polls_briefly_for_a_whole_batch() -> None:
-    intake, _, consumer, _ = _intake()
+    intake, _, consumer, _, _ = _intake()
     consumer.feed({T0: [Rec(0)]})
     assert intake.poll() == {T0: [Rec(0)]}
     assert consumer.polls == [(IDLE_POLL_MS, 4)]
 
 
 def test_with_work_in_flight_a_poll_waits_up_to_the_batch_wait() -> None:
-    intake, s, consumer, _ = _intake(batching=Batching(max_records=4, max_wait_ms=70))
+    intake, s, consumer, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=70))
     s.offsets.track(batch(1, (T0, 0)))
     intake.poll()
     assert consumer.polls == [(70, 4)]
 
 
 def test_a_batch_being_filled_bounds_the_poll_by_its_remaining_wait_and_room() -> None:
-    intake, s, consumer, _ = _intake(batching=Batching(max_records=4, max_wait_ms=1000))
+    intake, s, consumer, _, clock = _intake(batching=Batching(max_records=4, max_wait_ms=1000))
     s.acc = batch(1, (T0, 0))
-    s.acc.started = time.monotonic() - 0.5
+    s.acc.started = clock.now - 0.25
     intake.poll()
-    ((timeout_ms, room),) = consumer.polls
-    assert 400 <= timeout_ms <= 500 and room == 3
-    s.acc.started = time.monotonic() - 5  # waited past its bound: do not wait at all
+    assert consumer.polls == [(750, 3)]
+    s.acc.started = clock.now - 5  # waited past its bound: do not wait at all
     intake.poll()
     assert consumer.polls[-1] == (0, 3)
 
 
 def test_a_full_batch_still_polls_one_record() -> None:
-    intake, s, consumer, _ = _intake(batching=Batching(max_records=2, max_wait_ms=1000))
+    intake, s, consumer, _, _ = _intake(batching=Batching(max_records=2, max_wait_ms=1000))
     s.acc = batch(1, (T0, 0), (T0, 1))
     intake.poll()
     assert consumer.polls[-1][1] == 1
 
 
 def test_a_pending_rejoin_makes_the_poll_long_enough_for_it() -> None:
-    intake, _, consumer, _ = _intake()
+    intake, _, consumer, _, _ = _intake()
     consumer.rejoin = True
     assert intake.rejoin_pending()
     intake.poll()
@@ -117,7 +124,7 @@ def test_a_pending_rejoin_makes_the_poll_long_enough_for_it() -> None:
 
 
 def test_a_suspect_partition_polls_one_record_at_a_time() -> None:
-    intake, s, consumer, _ = _intake()
+    intake, s, consumer, _, _ = _intake()
     _suspect(intake, consumer)
     s.acc = None
     intake.poll()
@@ -128,31 +135,43 @@ def test_a_suspect_partition_polls_one_record_at_a_time() -> None:
 
 
 def test_while_full_it_waits_for_a_completion_without_polling() -> None:
-    intake, _, consumer, done = _intake()
+    intake, _, consumer, done, _ = _intake()
     intake.poll()  # just polled
     done.wake()
-    started = time.monotonic()
     intake.wait_full()
     assert consumer.polls == [(IDLE_POLL_MS, 4)]
-    assert time.monotonic() - started < 1.0  # woken, not timed out
+
+
+def test_while_full_with_nothing_finishing_it_looks_again_after_a_short_wait() -> None:
+    intake, _, consumer, _, _ = _intake()
+    intake.poll()
+    waiting = threading.Thread(target=intake.wait_full, daemon=True)
+    waiting.start()
+    waiting.join(30)  # FULL_WAIT_S, unless the machine stalls for half a minute
+    assert not waiting.is_alive(), "wait_full waited for a completion that never came"
+    assert consumer.polls == [(IDLE_POLL_MS, 4)]
 
 
 def test_while_full_it_still_polls_a_record_now_and_then_and_seeks_back() -> None:
-    intake, s, consumer, done = _intake()
+    intake, s, consumer, done, clock = _intake()
     consumer.assigned = {T0}
     consumer.feed({T0: [Rec(7)], T1: [Rec(3)]})  # T1 no longer assigned: left alone
     done.wake()
     intake.wait_full()  # never polled yet: more than FULL_POLL_EVERY_S ago
     assert consumer.polls == [(0, 1)] and consumer.seeks == [(T0, 7)]
     assert s.assignment == {T0}
-    assert FULL_POLL_EVERY_S >= 0.5  # the next wait within it polls nothing
+    clock.now += FULL_POLL_EVERY_S - 0.001  # within it: no poll
     done.wake()
     intake.wait_full()
     assert consumer.polls == [(0, 1)]
+    clock.now += 0.001  # FULL_POLL_EVERY_S since the last poll, to the tick
+    done.wake()
+    intake.wait_full()
+    assert consumer.polls == [(0, 1), (0, 1)]
 
 
 def test_while_full_a_pending_rejoin_is_polled_at_once_and_long_enough() -> None:
-    intake, _, consumer, done = _intake()
+    intake, _, consumer, done, _ = _intake()
     intake.poll()
     consumer.rejoin = True
     consumer.feed({T0: [Rec(2), Rec(3)]})
@@ -162,7 +181,7 @@ def test_while_full_a_pending_rejoin_is_polled_at_once_and_long_enough() -> None
 
 
 def test_while_full_an_empty_poll_seeks_nothing() -> None:
-    intake, _, consumer, done = _intake()
+    intake, _, consumer, done, _ = _intake()
     consumer.feed({T0: []})
     done.wake()
     intake.wait_full()
@@ -173,9 +192,9 @@ def test_while_full_an_empty_poll_seeks_nothing() -> None:
 
 
 def test_records_fill_one_batch_in_order_and_count() -> None:
-    intake, s, consumer, _ = _intake()
+    intake, s, consumer, _, clock = _intake()
     intake.take({T0: [Rec(5, _request("a")), Rec(6, _request("b"))], T1: [Rec(0, _request("c"))]})
-    assert s.acc is not None and s.acc.seq == 1
+    assert s.acc is not None and s.acc.seq == 1 and s.acc.started == clock.now
     assert [(e.tp, e.offset) for e in s.acc.entries] == [(T0, 5), (T0, 6), (T1, 0)]
     assert s.acc.last == {T0: 6, T1: 0}
     assert s.metrics.consumed == 3 and consumer.seeks == []
@@ -188,14 +207,14 @@ def test_records_fill_one_batch_in_order_and_count() -> None:
 
 
 def test_an_empty_partition_in_a_poll_changes_nothing_of_it() -> None:
-    intake, s, consumer, _ = _intake()
+    intake, s, consumer, _, _ = _intake()
     intake.take({T0: [], T1: [Rec(4, _request())]})
     assert s.offsets.lag_base(T0) is None and not s.poison.known(T0)
     assert [lookup[0] for lookup in consumer.lookups] == [T1]
 
 
 def test_a_partitions_first_records_read_and_mark_its_attempt_count() -> None:
-    intake, s, consumer, _ = _intake()
+    intake, s, consumer, _, _ = _intake()
     consumer.offsets[T0] = OffsetAndMetadata(5, "dgstream:v1;started=1;alone=0", -1)
     intake.take({T0: [Rec(5, _request())]})
     assert consumer.lookups == [(T0, {"metadata": True, "timeout_ms": 10_000})]
@@ -208,7 +227,7 @@ def test_a_partitions_first_records_read_and_mark_its_attempt_count() -> None:
 
 
 def test_an_unknown_committed_offset_counts_from_scratch_and_says_so() -> None:
-    intake, s, consumer, _ = _intake()
+    intake, s, consumer, _, _ = _intake()
     consumer.offsets[T0] = KafkaTimeoutError("coordinator unknown")
     intake.take({T0: [Rec(5, _request())]})
     assert _log(s).named("committed_offset_unknown") == [
@@ -219,7 +238,7 @@ def test_an_unknown_committed_offset_counts_from_scratch_and_says_so() -> None:
 
 
 def test_a_suspect_partition_takes_one_record_and_seeks_back_to_the_rest() -> None:
-    intake, s, consumer, _ = _intake()
+    intake, s, consumer, _, _ = _intake()
     consumer.offsets[T0] = OffsetAndMetadata(5, SUSPECT, -1)
     intake.take({T0: [Rec(5, _request()), Rec(6, _request())], T1: [Rec(0, _request())]})
     assert s.acc is not None and [e.offset for e in s.acc.entries] == [5]
@@ -235,7 +254,7 @@ def test_a_suspect_partition_takes_one_record_and_seeks_back_to_the_rest() -> No
 
 
 def test_a_good_record_becomes_a_request_named_by_its_key_when_it_has_no_id() -> None:
-    intake, _, _, _ = _intake()
+    intake, _, _, _, _ = _intake()
     e = intake.entry(T0, Rec(3, _request(None), key=b"order-9", headers=[("h", b"v")]))
     assert e.error is None and e.request is not None and e.request.id == "order-9"
     assert e.fallback_id == "order-9" and e.headers == [("h", b"v")]
@@ -245,7 +264,7 @@ def test_a_good_record_becomes_a_request_named_by_its_key_when_it_has_no_id() ->
 
 
 def test_a_record_that_is_no_request_carries_its_refusal() -> None:
-    intake, _, _, _ = _intake()
+    intake, _, _, _, _ = _intake()
     e = intake.entry(T0, Rec(3, b"not json"))
     assert e.request is None and e.error is not None and e.error.code is ErrorCode.INVALID_JSON
     assert intake.entry(T0, Rec(4, None)).error is not None  # a tombstone
@@ -254,13 +273,13 @@ def test_a_record_that_is_no_request_carries_its_refusal() -> None:
 def test_a_parse_limit_of_the_settings_applies() -> None:
     from schemas import ParseLimits
 
-    intake, _, _, _ = _intake(parse_limits=ParseLimits(max_message_bytes=32))
+    intake, _, _, _, _ = _intake(parse_limits=ParseLimits(max_message_bytes=32))
     e = intake.entry(T0, Rec(3, _request()))
     assert e.error is not None and e.error.code is ErrorCode.MESSAGE_TOO_LARGE
 
 
 def test_an_unknown_question_set_is_refused_naming_the_pipeline() -> None:
-    intake, _, _, _ = _intake(question_sets={"known": QUESTIONS})
+    intake, _, _, _, _ = _intake(question_sets={"known": QUESTIONS})
     body = json.dumps({"id": "q1", "state": "s", "question_set": "nope"}).encode()
     e = intake.entry(T0, Rec(3, body))
     assert e.request is None and e.error is not None
@@ -271,7 +290,7 @@ def test_an_unknown_question_set_is_refused_naming_the_pipeline() -> None:
 
 
 def test_a_poison_record_is_refused_without_parsing() -> None:
-    intake, s, _, _ = _intake()
+    intake, s, _, _, _ = _intake()
     s.poison.first_seen(T0, 5, 5, "dgstream:v1;started=3;alone=2")
     e = intake.entry(T0, Rec(5, _request()))
     assert e.request is None and e.error is not None and e.error.code is ErrorCode.POISON
@@ -287,14 +306,14 @@ def test_a_poison_record_is_refused_without_parsing() -> None:
 
 
 def test_no_batch_is_due_while_nothing_was_taken() -> None:
-    intake, s, _, _ = _intake()
+    intake, s, _, _, _ = _intake()
     assert intake.due() is None
     s.acc = batch(1)
     assert intake.due() is None
 
 
 def test_the_batch_goes_at_once_while_the_engine_is_idle() -> None:
-    intake, s, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=60_000))
+    intake, s, _, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=60_000))
     s.acc = batch(1, (T0, 0))
     assert intake.due() is s.acc
     s.submitted = 1  # the engine is busy with another
@@ -304,19 +323,22 @@ def test_the_batch_goes_at_once_while_the_engine_is_idle() -> None:
 
 
 def test_a_busy_engine_gets_the_batch_when_it_is_full_or_has_waited() -> None:
-    intake, s, _, _ = _intake(batching=Batching(max_records=2, max_wait_ms=60_000))
+    intake, s, _, _, clock = _intake(batching=Batching(max_records=2, max_wait_ms=60_000))
     s.submitted = 1
     s.acc = batch(1, (T0, 0))
+    s.acc.started = clock.now
     assert intake.due() is None
     s.acc.add(batch(2, (T0, 1)).entries[0])
     assert intake.due() is s.acc
     s.acc = batch(3, (T0, 2))
-    s.acc.started -= 61
+    s.acc.started = clock.now - 59.99  # not quite max_wait_ms
+    assert intake.due() is None
+    s.acc.started = clock.now - 60.0  # max_wait_ms, to the tick
     assert intake.due() is s.acc
 
 
 def test_a_suspect_partitions_record_goes_alone_at_once() -> None:
-    intake, s, consumer, _ = _intake(batching=Batching(max_records=4, max_wait_ms=60_000))
+    intake, s, consumer, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=60_000))
     _suspect(intake, consumer)
     s.submitted = 1
     assert intake.due() is s.acc

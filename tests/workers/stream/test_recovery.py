@@ -72,12 +72,12 @@ def test_the_first_batch_through_ends_an_outage() -> None:
     r, s, done, _, _, clock = _recovery()
     s.outage.hit(Outage("engine", "down"))
     s.metrics.record_outage_try("engine")
-    clock.now += 2.5
+    clock.now += 2.34567
     done.done(batch(1, (T0, 0)))
     r.apply_completions()
     assert not s.outage.active and s.metrics.outage is None
     assert _log(s).named("outage_over") == [
-        ("info", {"kind": "engine", "tries": 1, "lasted_s": 2.5})
+        ("info", {"kind": "engine", "tries": 1, "lasted_s": 2.346})
     ]
 
 
@@ -175,6 +175,17 @@ def test_refusals_that_keep_coming_back_become_an_output_outage() -> None:
         "outputs keep failing: an output failed: MessageSizeTooLargeError: [Error 10] "
         "MessageSizeTooLargeError: again"
     )
+
+
+def test_a_long_refusal_is_cut_to_500_characters_in_the_outage() -> None:
+    r, s, done, _, _, _ = _recovery()
+    for seq in range(1, REDO_LIMIT + 2):
+        b = batch(seq, (T0, seq))
+        _in_flight(s, b)
+        done.failed(b, SendFailed(MessageSizeTooLargeError("x" * 1000)))
+        r.apply_completions()
+    assert len(s.outage.error) == 500
+    assert s.outage.error.startswith("outputs keep failing: an output failed: ")
 
 
 def test_a_commit_in_between_starts_the_count_of_refusals_again() -> None:
