@@ -11,6 +11,7 @@ and polled again.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,7 +62,7 @@ class Intake:
         self._consumer = consumer
         self._clock = clock
         self._seq = 0
-        self._last_poll = 0.0
+        self._last_poll = -math.inf  # never: the first wait while full polls
         self._marks: dict[TopicPartition, tuple[int, str]] = {}  # to commit before submitting
 
     def rejoin_pending(self) -> bool:

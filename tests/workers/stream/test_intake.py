@@ -103,6 +103,9 @@ def test_a_batch_being_filled_bounds_the_poll_by_its_remaining_wait_and_room() -
     s.acc.started = clock.now - 0.25
     intake.poll()
     assert consumer.polls == [(750, 3)]
+    s.acc.started = clock.now  # just started: the whole wait
+    intake.poll()
+    assert consumer.polls[-1] == (1000, 3)
     s.acc.started = clock.now - 5  # waited past its bound: do not wait at all
     intake.poll()
     assert consumer.polls[-1] == (0, 3)
@@ -154,6 +157,7 @@ def test_while_full_with_nothing_finishing_it_looks_again_after_a_short_wait() -
 
 def test_while_full_it_still_polls_a_record_now_and_then_and_seeks_back() -> None:
     intake, s, consumer, done, clock = _intake()
+    clock.now = 0.5  # a clock that started just now: never polled is still long ago
     consumer.assigned = {T0}
     consumer.feed({T0: [Rec(7)], T1: [Rec(3)]})  # T1 no longer assigned: left alone
     done.wake()
@@ -258,6 +262,7 @@ def test_a_good_record_becomes_a_request_named_by_its_key_when_it_has_no_id() ->
     e = intake.entry(T0, Rec(3, _request(None), key=b"order-9", headers=[("h", b"v")]))
     assert e.error is None and e.request is not None and e.request.id == "order-9"
     assert e.fallback_id == "order-9" and e.headers == [("h", b"v")]
+    assert e.value == _request(None)  # the original bytes, for a dead letter
     assert (e.tp, e.offset, e.key, e.timestamp_ms) == (T0, 3, b"order-9", 1_700_000_000_000)
     keyless = intake.entry(T1, Rec(8, _request(None)))
     assert keyless.fallback_id == "in-1-8" and keyless.request is not None

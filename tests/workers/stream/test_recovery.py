@@ -121,6 +121,10 @@ def test_an_outage_past_its_budget_writes_the_attempts_back_and_fails() -> None:
         "no ISR for longer than the outage budget (5 s)"
     )
     assert _log(s).named("outage") == []  # no pause announced: it fails
+    ((_, fields),) = _log(s).named("open_work_abandoned")
+    assert fields["reason"] == (
+        "output unavailable: NotEnoughReplicasError: [Error 19] NotEnoughReplicasError: no ISR"
+    )
 
 
 def test_an_outage_past_its_budget_fails_even_when_the_write_back_cannot_commit() -> None:
