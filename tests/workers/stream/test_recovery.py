@@ -384,6 +384,19 @@ def test_abandoning_drops_the_batch_being_filled_and_rewinds_its_partitions() ->
     assert fields == {"reason": "stopping", "batches": 0, "partitions": ["in-1"]}
 
 
+def test_abandoning_covers_the_batches_in_flight_and_the_one_being_filled() -> None:
+    r, s, _, _, _, _ = _recovery()
+    flying = batch(1, (T0, 3))
+    _in_flight(s, flying)
+    s.offsets.saw(T1, 8)
+    s.acc = batch(2, (T1, 8))
+    r.abandon("both")
+    assert s.rewind == {T0: 3, T1: 8} and flying.cancelled and s.acc is None
+    assert s.offsets.in_flight == 0
+    ((_, fields),) = _log(s).named("open_work_abandoned")
+    assert fields["batches"] == 1 and fields["partitions"] == ["in-0", "in-1"]
+
+
 def test_a_rewind_goes_to_the_committed_offset_and_keeps_an_earlier_one() -> None:
     r, s, done, _, _, _ = _recovery()
     first = batch(1, (T0, 0))
