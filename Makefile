@@ -26,7 +26,8 @@ $(VLLM_STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,vllm]'
 	@touch $@ $(STAMP)
 
-# Apache Kafka's jars from Maven Central into .cache/ (outside git); a no-op when present.
+# Apache Kafka's jars from Maven Central into .cache/ (outside git), the pinned list of
+# infra/kafka/jars.lock.json with its checksums (no Maven); a no-op when present.
 kafka-jars:
 	@test -x $(BIN)/python || $(MAKE) --no-print-directory setup
 	$(BIN)/python -m infra.kafka.broker fetch

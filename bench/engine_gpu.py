@@ -163,6 +163,13 @@ def main() -> int:
     ap.add_argument("--render-vllm", nargs="+", default=[], help="the vLLM section from JSON")
     ap.add_argument("--render-gpu-tests", default="", help="the GPU tier's section from JSON")
     ap.add_argument("--render-tuning", nargs="+", default=[], help="the vLLM tuning runs")
+    ap.add_argument(
+        "--render-card",
+        nargs=3,
+        default=[],
+        metavar=("READ_PATH", "STOCK", "GPU_TESTS"),
+        help="the 24 GB card section from the two card runs' JSON and the gpu tests' JSON",
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt", type=int, default=256)
@@ -198,6 +205,14 @@ def main() -> int:
 
         md = render_tuning([Path(p) for p in args.render_tuning])
         write_section("vllm-tuning", md)
+        print(md)
+        return 0
+    if args.render_card:
+        from bench.engine_vllm import render_card
+        from bench.report import write_section
+
+        md = render_card(*[Path(p) for p in args.render_card])
+        write_section("card24", md)
         print(md)
         return 0
     if args.render_vllm:

@@ -208,8 +208,10 @@ def run_worker(
     n: int,
     classifier: Any,
     batching: dict[str, int] | None = None,
+    **worker_kwargs: Any,
 ) -> dict[str, Any]:
-    """A `StreamWorker` on a thread until `n` answers are committed; its final status."""
+    """A `StreamWorker` on a thread until `n` answers are committed; its final status.
+    `worker_kwargs` go to the worker (bench/tracing_overhead.py: a tracer provider)."""
     group = f"bench-worker-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings(
         pipeline="bench",
@@ -222,7 +224,7 @@ def run_worker(
         log_level="WARNING",
         **({"batching": batching} if batching else {}),
     )
-    worker = StreamWorker(settings, classifier=classifier)
+    worker = StreamWorker(settings, classifier=classifier, **worker_kwargs)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 300

@@ -21,7 +21,9 @@ from schemas import (
     ClassificationRequest,
     ClassificationResult,
     DeadLetter,
+    FallbackId,
     JevResponse,
+    ModerationResponse,
     RequestError,
     parse_request,
     read_output,
@@ -32,7 +34,7 @@ from workers.kafka_settings import KafkaConnection
 __all__ = ["Client", "KafkaConnectError", "Reply", "RequestFailed", "RequestInvalid"]
 
 # What a call resolves to: the result in the pipeline's output format.
-Reply = ClassificationResult | JevResponse
+Reply = ClassificationResult | JevResponse | ModerationResponse
 
 
 class RequestInvalid(ValueError):
@@ -112,7 +114,9 @@ class Client:
         metadata: Mapping[str, Any] | None = None,
         request: Mapping[str, Any] | None = None,
     ) -> Future[Reply]:
-        """Send one request; the future resolves to its result."""
+        """Send one request; the future resolves to its result. `request`: a whole body
+        in the wire shape (a Jev body without `id` too: it is keyed by a drawn id, which
+        the worker takes as the request's id and the result's `id`)."""
         body: dict[str, Any] = (
             dict(request)
             if request is not None
@@ -131,7 +135,10 @@ class Client:
                 body["metadata"] = dict(metadata)
         body["reply_topic"] = self.reply_topic
         raw = json.dumps(body).encode()
-        parsed = parse_request(raw)
+        # A body without an id (Jev's) is sent as it is, keyed by an id drawn here: the
+        # worker takes a record's valid key as the request's id (`schemas.record_id`).
+        # Random, as the ids of the client's own requests: two sends are two requests.
+        parsed = parse_request(raw, fallback_id=FallbackId(uuid.uuid4().hex, "key"))
         if isinstance(parsed, RequestError):
             raise RequestInvalid(parsed)
         assert isinstance(parsed, ClassificationRequest)
@@ -212,7 +219,7 @@ class Client:
             result = read_output(value)
         except ValueError:
             return  # not a result of ours
-        if isinstance(result, ClassificationResult):
+        if isinstance(result, ClassificationResult | ModerationResponse):
             rid = result.id
         else:  # Jev's shape has no id: the record is keyed like the request
             try:

@@ -2,14 +2,19 @@
 
 The worker reads requests only through `parse_request`, which returns the request or a
 `RequestError` (an `ErrorCode`, a message, the field's path) and never raises for bad input.
-Results go out through `encode_output` in the pipeline's format (ours, or Jev's response
-shape). `python -m schemas.export` writes the JSON Schema files in `schemas/json/`.
+Results go out through `encode_output` in the pipeline's format (ours, Jev's response
+shape, or OpenAI's moderation shape); `audit` says what decided each; `cloudevents` reads
+structured-mode events and writes the attributes of our own records.
+`python -m schemas.export` writes the JSON Schema files in `schemas/json/`.
 """
 
 from schemas._version import SCHEMA_VERSION
+from schemas.audit import Audit, digest
+from schemas.cloudevents import EventRef
 from schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
 from schemas.errors import ErrorCode, RequestError, RequestRejected
 from schemas.jev import JevResponse, to_jev
+from schemas.moderation import ModerationOptions, ModerationResponse, to_moderation
 from schemas.output import OUTPUT_FORMATS, OutputFormat, encode_output, read_output
 from schemas.parse import (
     DEFAULT_LIMITS,
@@ -45,6 +50,7 @@ __all__ = [
     "OUTPUT_FORMATS",
     "SCHEMA_VERSION",
     "Answer",
+    "Audit",
     "ChoiceAnswer",
     "ChoiceQuestion",
     "ClassificationRequest",
@@ -52,9 +58,12 @@ __all__ = [
     "DeadLetter",
     "Diagnostics",
     "ErrorCode",
+    "EventRef",
     "FallbackId",
     "IdSource",
     "JevResponse",
+    "ModerationOptions",
+    "ModerationResponse",
     "OriginalHeader",
     "OutputFormat",
     "ParseLimits",
@@ -69,6 +78,7 @@ __all__ = [
     "YesNoAnswer",
     "YesNoCriteria",
     "YesNoQuestion",
+    "digest",
     "encode_output",
     "parse_request",
     "question_order",
@@ -76,4 +86,5 @@ __all__ = [
     "record_id",
     "request_id_hint",
     "to_jev",
+    "to_moderation",
 ]

@@ -15,7 +15,17 @@ class ErrorCode(StrEnum):
       INVALID_UTF8, INVALID_JSON (also NaN/Infinity, duplicate keys, nesting too deep),
       INVALID_UNICODE (a string or key holds a lone UTF-16 surrogate escape such as "\\ud800":
       valid JSON grammar, but no text; RFC 7493 forbids it), NOT_AN_OBJECT (top-level JSON is
-      not an object), UNSUPPORTED_SCHEMA_VERSION.
+      not an object), UNSUPPORTED_SCHEMA_VERSION, INVALID_CLOUDEVENT (a structured-mode
+      CloudEvent that breaks CloudEvents 1.0 or carries no JSON request: specversion not
+      "1.0", id, source or type missing or empty, a datacontenttype that is not JSON, no
+      data, both data and data_base64, data_base64 not base64, a batch of events).
+
+    Framing (a pipeline told its values carry the Confluent wire format: a 0x00 magic
+    byte, a 4-byte big-endian schema id, then the JSON):
+      NOT_FRAMED (the value does not start with the magic byte and an id: shorter than five
+      bytes, or another first byte), SCHEMA_ID_UNKNOWN (the schema registry has no schema
+      with that id), SCHEMA_NOT_JSON (the id names a schema of another type, Avro or
+      Protobuf, not JSON Schema).
 
     Contract (a field breaks the request schema):
       MISSING_FIELD (`id` only when the worker gave no fallback id), UNKNOWN_FIELD,
@@ -77,6 +87,11 @@ class ErrorCode(StrEnum):
     INVALID_UNICODE = "INVALID_UNICODE"
     NOT_AN_OBJECT = "NOT_AN_OBJECT"
     UNSUPPORTED_SCHEMA_VERSION = "UNSUPPORTED_SCHEMA_VERSION"
+    INVALID_CLOUDEVENT = "INVALID_CLOUDEVENT"
+    # framing
+    NOT_FRAMED = "NOT_FRAMED"
+    SCHEMA_ID_UNKNOWN = "SCHEMA_ID_UNKNOWN"
+    SCHEMA_NOT_JSON = "SCHEMA_NOT_JSON"
     # contract
     MISSING_FIELD = "MISSING_FIELD"
     UNKNOWN_FIELD = "UNKNOWN_FIELD"

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from schemas.dead_letter import DeadLetter
 from schemas.jev import JevResponse
+from schemas.moderation import ModerationResponse
 from schemas.request import ClassificationRequest
 from schemas.result import ClassificationResult
 
@@ -30,6 +31,7 @@ _FILES: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]
     "result.schema.json": (ClassificationResult, "serialization"),
     "dead_letter.schema.json": (DeadLetter, "serialization"),
     "jev_result.schema.json": (JevResponse, "serialization"),
+    "openai_moderation_result.schema.json": (ModerationResponse, "serialization"),
 }
 
 

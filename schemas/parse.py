@@ -21,6 +21,7 @@ from schemas._common import (
     printable,
 )
 from schemas._version import SCHEMA_VERSION
+from schemas.cloudevents import EventRef, is_structured, unwrap
 from schemas.errors import ErrorCode, RequestError
 from schemas.names import TOPIC_CHARS
 from schemas.request import (
@@ -87,17 +88,22 @@ def parse_request(
     limits: ParseLimits = DEFAULT_LIMITS,
     *,
     fallback_id: FallbackId | None = None,
+    content_type: str | None = None,
 ) -> ClassificationRequest | RequestError:
     """Parse one message value. Returns the request, or the first reason to refuse it.
 
     Never raises, whatever the bytes. Checks, in order: empty, size, UTF-8, JSON (NaN,
-    Infinity and duplicate keys refused), top-level object, lone surrogates, schema_version,
-    then the models. A body without `id` takes `fallback_id` (the worker passes
-    `record_id(...)` of the record; the request's `id_source` then says where it came
-    from); without one, a missing id is refused (MISSING_FIELD).
+    Infinity and duplicate keys refused), top-level object, lone surrogates, then either
+    the structured-mode CloudEvent around the request (`content_type`, the record's
+    `content-type` header, says `application/cloudevents+json`, or the object has
+    `specversion`: `schemas.cloudevents.unwrap`; errors inside its data are named under
+    `data.`), then schema_version and the models. A body without `id` takes the event's id
+    when it came as an event, else `fallback_id` (the worker passes `record_id(...)` of the
+    record; the request's `id_source` then says where it came from); without one, a
+    missing id is refused (MISSING_FIELD).
     """
     try:
-        return _parse(raw, limits, fallback_id)
+        return _parse(raw, limits, fallback_id, content_type)
     except Exception as exc:  # a bug here must not stop a partition: refuse the record
         return _error(
             ErrorCode.INVALID_VALUE,
@@ -106,8 +112,23 @@ def parse_request(
 
 
 def _parse(
-    raw: bytes | None, limits: ParseLimits, fallback_id: FallbackId | None
+    raw: bytes | None,
+    limits: ParseLimits,
+    fallback_id: FallbackId | None,
+    content_type: str | None = None,
+    *,
+    event: EventRef | None = None,
 ) -> ClassificationRequest | RequestError:
+    obj = _object(raw, limits)
+    if isinstance(obj, RequestError):
+        return obj
+    if event is None and is_structured(obj, content_type):
+        return _parse_event(obj, limits, fallback_id, content_type)
+    return _checked(obj, limits, fallback_id, event)
+
+
+def _object(raw: bytes | None, limits: ParseLimits) -> dict[str, Any] | RequestError:
+    """The message's JSON object, or why the bytes are no JSON object."""
     if not raw:
         return _error(ErrorCode.EMPTY_MESSAGE, "the message is empty")
     if isinstance(raw, str):
@@ -143,6 +164,50 @@ def _parse(
             "pair), which is no Unicode text",
             where or None,
         )
+    return obj
+
+
+def _parse_event(
+    obj: dict[str, Any],
+    limits: ParseLimits,
+    fallback_id: FallbackId | None,
+    content_type: str | None,
+) -> ClassificationRequest | RequestError:
+    """A structured-mode CloudEvent: its attributes checked, its data read as the request."""
+    unwrapped = unwrap(obj, content_type)
+    if isinstance(unwrapped, RequestError):
+        return unwrapped
+    data, ref = unwrapped
+    if _valid_id(ref.id):
+        fallback_id = FallbackId(ref.id, "event")
+    where = "data"
+    if isinstance(data, bytes):  # data_base64: a request message of its own
+        where = "data_base64"
+        got = _parse(data, limits, fallback_id, event=ref)
+    elif isinstance(data, dict):
+        got = _checked(data, limits, fallback_id, ref)
+    else:
+        got = _error(ErrorCode.NOT_AN_OBJECT, f"a JSON {json_type(data)}, not the request object")
+    return _under(where, got) if isinstance(got, RequestError) else got
+
+
+def _under(where: str, err: RequestError) -> RequestError:
+    """An error in the event's data, its field named from the event: `data.<field>`."""
+    if err.field is None:
+        return RequestError(code=err.code, message=f"{where}: {err.message}", field=where)
+    field = f"{where}.{err.field}"
+    text = err.message[len(err.field) + 2 :] if err.message.startswith(err.field) else err.message
+    return RequestError(code=err.code, message=f"{field}: {text}", field=field)
+
+
+def _checked(
+    obj: dict[str, Any],
+    limits: ParseLimits,
+    fallback_id: FallbackId | None,
+    event: EventRef | None,
+) -> ClassificationRequest | RequestError:
+    """schema_version, then the models (and, for a request that came as an event, its
+    attributes kept on the request)."""
     if "schema_version" in obj:
         version = obj["schema_version"]
         if type(version) is not int or version != SCHEMA_VERSION:
@@ -151,7 +216,10 @@ def _parse(
                 f"version {version!r} is not supported (this worker reads {SCHEMA_VERSION})",
                 "schema_version",
             )
-    return _validate(obj, limits, fallback_id)
+    request = _validate(obj, limits, fallback_id)
+    if event is not None and isinstance(request, ClassificationRequest):
+        request._event = event
+    return request
 
 
 def _validate(
@@ -180,9 +248,15 @@ def request_id_hint(raw: bytes | None) -> str | None:
         obj = json.loads(bytes(raw).decode("utf-8"))
     except (ValueError, RecursionError, TypeError):
         return None
-    ident = obj.get("id") if isinstance(obj, dict) else None
-    if isinstance(ident, str) and _valid_id(ident):
-        return ident
+    if not isinstance(obj, dict):
+        return None
+    candidates = [obj.get("id")]
+    if "specversion" in obj:  # a structured CloudEvent: the request's id, else the event's
+        data = obj.get("data")
+        candidates.insert(0, data.get("id") if isinstance(data, dict) else None)
+    for ident in candidates:
+        if isinstance(ident, str) and _valid_id(ident):
+            return ident
     return None
 
 

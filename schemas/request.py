@@ -24,14 +24,15 @@ from pydantic import (
 
 from schemas._common import LIMITS_CTX, RequestModel, fail, has_control, json_type
 from schemas._version import SchemaVersion
+from schemas.cloudevents import EventRef
 from schemas.content import CONTENT_SCHEMA, NULL_LEVEL_NAME, Content, json_depth, to_text
 from schemas.errors import ErrorCode, RequestRejected
 from schemas.names import QUESTION_ID_PATTERN, TOPIC_PATTERN, is_question_id
 
 QuestionKind = Literal["yes_no", "choice", "score"]
-# Where a request's id came from: its body, the record's key, or the record's
-# topic-partition-offset (see `schemas.parse.record_id`).
-IdSource = Literal["request", "key", "record"]
+# Where a request's id came from: its body, the structured CloudEvent that carried it, the
+# record's key, or the record's topic-partition-offset (see `schemas.parse.record_id`).
+IdSource = Literal["request", "event", "key", "record"]
 
 MAX_QUESTIONS = 64
 MAX_ID_CHARS = 128
@@ -450,11 +451,19 @@ class ClassificationRequest(RequestModel):
     )
     # Not a field: set by `parse_request` when the id came from the record.
     _id_source: IdSource = PrivateAttr(default="request")
+    # Not a field: set by `parse_request` for a request that came as a structured CloudEvent.
+    _event: EventRef | None = PrivateAttr(default=None)
 
     @property
     def id_source(self) -> IdSource:
-        """Where `id` came from: "request" (the body), "key" or "record" (see parse_request)."""
+        """Where `id` came from: "request" (the body), "event", "key" or "record" (see
+        parse_request)."""
         return self._id_source
+
+    @property
+    def event(self) -> EventRef | None:
+        """The structured-mode CloudEvent this request came in, or None."""
+        return self._event
 
     @field_validator("state")
     @classmethod

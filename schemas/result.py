@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from schemas._common import WireModel
 from schemas._version import SchemaVersion
+from schemas.audit import Audit
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -33,12 +34,22 @@ class YesNoAnswer(_Answered):
     type: Literal["yes_no"] = "yes_no"
     p_yes: Probability
     label: Literal["yes", "no"]
+    raw_p_yes: Probability | None = Field(
+        default=None,
+        description="The engine's p_yes before the pipeline's calibration; null when no "
+        "calibration applied to this question (p_yes is then the engine's).",
+    )
 
 
 class ChoiceAnswer(_Answered):
     type: Literal["choice"] = "choice"
     choice: str = Field(description="The option name chosen.")
     probabilities: dict[str, Probability] = Field(description="Option name -> probability.")
+    raw_probabilities: dict[str, Probability] | None = Field(
+        default=None,
+        description="The engine's probabilities before the pipeline's calibration; null when "
+        "no calibration applied to this question.",
+    )
 
     @model_validator(mode="after")
     def _choice_is_an_option(self) -> ChoiceAnswer:
@@ -55,6 +66,11 @@ class ScoreAnswer(_Answered):
     level: str = Field(description="The most probable level's name.")
     legend: dict[str, str] = Field(description='Level number ("1".."n") -> level name.')
     probabilities: dict[str, Probability] = Field(description="Level name -> probability.")
+    raw_probabilities: dict[str, Probability] | None = Field(
+        default=None,
+        description="The engine's probabilities before the pipeline's calibration; null when "
+        "no calibration applied to this question.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ScoreAnswer:
@@ -113,10 +129,12 @@ class ClassificationResult(WireModel):
 
     schema_version: SchemaVersion = 1
     id: str = Field(description="The request's id.")
-    id_source: Literal["request", "key", "record"] = Field(
+    id_source: Literal["request", "event", "key", "record"] = Field(
         default="request",
-        description='Where the id came from: "request" (its body), "key" (the record\'s key: '
-        'the body had no id), "record" (<topic>-<partition>-<offset>: no id and no usable key).',
+        description='Where the id came from: "request" (its body), "event" (the id of the '
+        'structured-mode CloudEvent that carried a body without one), "key" (the record\'s '
+        'key: the body had no id), "record" (<topic>-<partition>-<offset>: no id and no '
+        "usable key).",
     )
     requested_model: str | None = Field(
         default=None, description="The request's `model` (Jev's clients send one), or null."
@@ -128,4 +146,10 @@ class ClassificationResult(WireModel):
     diagnostics: Diagnostics
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Echoed from the request, untouched."
+    )
+    audit: Audit | None = Field(
+        default=None,
+        description="What decided this result (model, checkpoint, prompt, questions, engine "
+        "settings, route, calibration, worker). A pipeline always writes it; null only "
+        "from the engine alone (`dgstream ask`).",
     )

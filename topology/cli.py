@@ -10,9 +10,12 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topology.commands import Refused as _Refused
+
+if TYPE_CHECKING:
+    from schemas import FallbackId
 
 
 def _load_topology(path: str) -> Any:
@@ -48,6 +51,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(args.events, timeout_s=args.timeout)
 
 
+def _ask_id(raw: bytes) -> FallbackId:
+    """The id of a body without one (Jev's), as the worker names one after its record: here
+    after its JSON (keys sorted, spacing dropped), so the same body, however it is laid
+    out, gets the same id, hence the same canvas noise and the same answer on every run."""
+    import hashlib
+    import json
+
+    from schemas import FallbackId
+
+    try:
+        body = json.dumps(
+            json.loads(raw), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8", "surrogatepass")
+    except ValueError:  # refused by the parser anyway; the id is not used
+        body = raw
+    return FallbackId(f"ask-{hashlib.blake2b(body, digest_size=8).hexdigest()}", "record")
+
+
 def _cmd_ask(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -56,7 +77,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     from workers.engine.factory import EngineSettings, build_classifier
 
     raw = (args.request if args.request is not None else sys.stdin.read()).encode()
-    parsed = parse_request(raw)
+    parsed = parse_request(raw, fallback_id=_ask_id(raw))
     if isinstance(parsed, RequestError):
         print(json.dumps({"error": parsed.model_dump(mode="json")}, indent=2))
         return 2
@@ -65,6 +86,11 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     if not isinstance(result, ClassificationResult):
         print(json.dumps({"error": result.model_dump(mode="json")}, indent=2))
         return 2
+    if args.jev:
+        from schemas import encode_output
+
+        print(json.dumps(json.loads(encode_output(result, "jev")), indent=2))
+        return 0
     if args.json:
         print(result.model_dump_json(indent=2))
         return 0
@@ -80,17 +106,19 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import signal
-    from pathlib import Path
 
     import ray
-    import yaml
 
     from topology.controller import start_controller, stop_controller
 
     topo = _load_topology(args.topology)
     address = args.address or topo.ray.address
     _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
-    raw = yaml.safe_load(Path(args.topology).read_text())
+    from topology.spec import read_topology
+
+    # Calibration files are read here and sent with the document (the controller's node
+    # may not have them).
+    raw = read_topology(args.topology)
     # SIGTERM (how Kubernetes, systemd and docker stop a process) is Ctrl-C here: the
     # workers are drained and the command exits 0.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -154,6 +182,8 @@ def _watch(ctl: Any, interval: float, deployment: str, namespace: str) -> bool:
                     "ready": p["ready"],
                     "lag": p["lag"],
                     "req/s": p["throughput_per_s"],
+                    # Why replicas are not ready (a batch they cannot read, say), when known.
+                    **({"failing": _failing_text(p["failing"])} if p.get("failing") else {}),
                 }
                 for n, p in st["pipelines"].items()
             }
@@ -257,20 +287,42 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if ctl is None:
             return _no_controller(spec)
         st = ray.get(ctl.status.remote(), timeout=60)
+    # Non-zero while a pipeline has replicas failing (`docs/operations.md`, "Status").
+    rc = _FAILING if any(p.get("failing") for p in st["pipelines"].values()) else 0
     if args.json:
         print(json.dumps(st, indent=2, default=str))
-        return 0
+        return rc
     print(
         f"{'pipeline':16s} {'replicas':>8s} {'ready':>5s} {'lag':>10s} {'req/s':>8s}  last decision"
     )
     for name, p in st["pipelines"].items():
         last = p["decisions"][-1]["reason"] if p["decisions"] else ""
         lag = "?" if p["lag"] is None else str(p["lag"])
+        shown = f"{name} (shadow)" if p.get("shadow") else name
         print(
-            f"{name:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
+            f"{shown:16s} {p['replicas']:>8d} {p['ready']:>5d} {lag:>10s} "
             f"{p['throughput_per_s']:>8.1f}  {last}"
         )
-    return 0
+        for f in p.get("failing", []):
+            print(f"  FAILING {f['replica']}: {_failing_text([f])}")
+    return rc
+
+
+# `dgstream status`'s exit status while a pipeline is failing (3 is "no controller").
+_FAILING = 1
+
+
+def _failing_text(failing: list[dict[str, Any]]) -> str:
+    """One line for the failing replicas: the first one's error, its restart, the rest."""
+    f = failing[0]
+    text = f["error"] or f["cause"]
+    if f.get("restart_in_s") is not None:
+        text += f" (restart in {f['restart_in_s']:.0f} s, failure {f['failures']} in a row)"
+    elif f.get("failures"):
+        text += f" (failure {f['failures']} in a row)"
+    if len(failing) > 1:
+        text += f"; {len(failing) - 1} more replica(s) failing"
+    return str(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_ask = sub.add_parser("ask", help="answer one request (JSON) locally, without Kafka")
     p_ask.add_argument("request", nargs="?", help="the request JSON (default: stdin)")
     p_ask.add_argument("--json", action="store_true", help="print the whole result record")
+    p_ask.add_argument(
+        "--jev",
+        action="store_true",
+        help="print the result in Jev's response shape (what output_format: jev writes)",
+    )
     p_ask.add_argument("--backend", default="transformers")
     p_ask.add_argument("--model", default="demo")
     p_ask.add_argument("--device", default="auto")
@@ -337,9 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--deployment", default=None, help="default: default")
         p.set_defaults(func=fn)
 
-    from topology import commands
+    from topology import commands, decisions, skip_batch
 
     commands.register(sub)
+    skip_batch.register(sub)
+    decisions.register(sub)
 
     return parser
 

@@ -19,7 +19,14 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from schemas import ClassificationResult, FallbackId, RequestError, parse_request, read_output
+from schemas import (
+    ClassificationResult,
+    FallbackId,
+    ModerationResponse,
+    RequestError,
+    parse_request,
+    read_output,
+)
 
 
 class Refused(Exception):
@@ -193,6 +200,19 @@ def _key(key: bytes | None) -> str:
     return "(no key)" if key is None else key.decode("utf-8", "backslashreplace")
 
 
+def _result_line(res: Any, key: bytes | None) -> str:
+    """One readable line for a result in any output format."""
+    if isinstance(res, ModerationResponse):
+        m = res.results[0]
+        asked = [c for c, kinds in m.category_applied_input_types.items() if kinds]
+        scores = "  ".join(f"{c}={m.category_scores[c]:.2f}" for c in asked)
+        return f"{res.id}  flagged={str(m.flagged).lower()}  {scores}"
+    answers = "  ".join(f"{q}: {_answer_text(a.model_dump())}" for q, a in res.answers.items())
+    # Jev's shape has no id: the record's key names the request.
+    rid = res.id if isinstance(res, ClassificationResult) else _key(key)
+    return f"{rid}  {answers}"
+
+
 def tail(args: argparse.Namespace) -> int:
     """Follow a results topic, one readable line per result (or the JSON with --json)."""
     consumer = _consumer(args, kafka_connection(args), args.topic)
@@ -204,13 +224,7 @@ def tail(args: argparse.Namespace) -> int:
                 print(rec.value.decode(), flush=True)
             else:
                 try:
-                    res = read_output(rec.value)
-                    answers = "  ".join(
-                        f"{q}: {_answer_text(a.model_dump())}" for q, a in res.answers.items()
-                    )
-                    # Jev's shape has no id: the record's key names the request.
-                    rid = res.id if isinstance(res, ClassificationResult) else _key(rec.key)
-                    print(f"{rid}  {answers}", flush=True)
+                    print(_result_line(read_output(rec.value), rec.key), flush=True)
                 except (ValueError, KeyError, TypeError):
                     print(f"(not a result) {rec.value[:120]!r}", flush=True)
             if args.max and seen >= args.max:

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from topology.autoscaler import Autoscaler, Decision, Policy
+from topology.restarts import RestartBackoff
 from topology.spec import PipelineSpec, Topology, parse_topology
 from workers.kafka_settings import KafkaConnection
 from workers.status import ReplicaReport
@@ -56,6 +57,9 @@ _NAME_RELEASE_S = 10.0
 # again: a fixed credential on the broker's side is picked up within half a minute, and
 # the broker sees two login attempts a minute at most.
 _KAFKA_RECHECK_S = 30.0
+# A failed replica asked to end itself (so that Ray records why) is given this long before
+# it is killed: the call only raises SystemExit in the actor, milliseconds.
+_EXIT_WAIT_S = 10.0
 
 
 def controller_name(deployment: str) -> str:
@@ -79,6 +83,11 @@ class _Replica:
     # A status call not answered yet (a starting or busy actor): asked again only once
     # it has answered, so calls never pile up behind a constructor.
     pending: Any = None
+    # What its last report said went wrong (kept once it is dead), and the cause's code.
+    error: str | None = None
+    cause: str | None = None
+    # Gone: when it may be started again (the restart backoff); None while it runs.
+    retry_at: float | None = None
 
 
 @dataclass
@@ -124,11 +133,16 @@ class PipelineRunner:
                 scale_in_window_s=a.scale_in_stabilization_s,
             )
         )
+        r = self.spec.restarts
+        self.backoff = RestartBackoff(r.initial_backoff_s, r.max_backoff_s, r.reset_after_s)
+        # Per replica index: the cause and error of its last failure, shown while its
+        # restarts are backed off (its replacement may run for a while before failing).
+        self._last_failure: dict[int, tuple[str | None, str | None]] = {}
 
     # ------------------------------------------------------------------ settings
 
     def worker_settings(self, replica: int) -> Any:
-        from workers.settings import ActorResources, WorkerSettings
+        from workers.settings import ActorResources, ProducerTuning, WorkerSettings
 
         s = self.spec
         return WorkerSettings(
@@ -143,10 +157,18 @@ class PipelineRunner:
             question_sets=self.topology.question_sets_for(s),
             batching=s.batching,
             delivery=s.delivery,
+            producer=ProducerTuning(compression_type=s.compression_type),
+            input_framing=s.input_framing,
+            output_framing=s.output_framing,
+            schema_registry=s.schema_registry,
             static_membership=s.static_membership,
             reply_topics=s.reply_topics,
             output_format=s.output_format,
             routes=s.routes,
+            moderation=s.moderation,
+            calibration=s.calibration,
+            shadow=s.shadow,
+            tracing=self.topology.tracing,
             replica=replica,
             resources=ActorResources(
                 gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom
@@ -198,7 +220,7 @@ class PipelineRunner:
         elif decision.desired < len(running):
             self._scale_in(decision.desired)
         # 5. health
-        self._replace_dead(dead)
+        self._replace_dead(dead, now)
         # 6. publish
         self._record(decision, wall)
         self._publish_metrics(decision)
@@ -214,7 +236,8 @@ class PipelineRunner:
             n, rf = s.topics.partitions, s.topics.replication_factor
             topics = dict.fromkeys(s.input_topics, n)
             topics.update({s.output_topic: n, s.dead_letter_topic: 1})
-            topics.update({r.topic: n for r in s.routes if r.topic not in topics})
+            if not s.shadow:  # a shadow's routes are not acted on: it writes no route topic
+                topics.update({r.topic: n for r in s.routes if r.topic not in topics})
             try:
                 ensure_topics(
                     self._admin_client(), topics, replication_factor=rf, timeout_s=_LAG_TIMEOUT_S
@@ -332,9 +355,14 @@ class PipelineRunner:
         except Exception as exc:
             r.ready, r.state = False, f"status failed: {type(exc).__name__}"
             return False
-        # An error it reports (its Kafka login refused on its node, say) is shown with the
-        # state, and such a replica is not ready.
+        # An error it reports (its Kafka login refused on its node, a batch it cannot read)
+        # is shown with the state, and such a replica is not ready.
         r.state, r.ready = rep.shown_state, rep.ready
+        r.error, r.cause = rep.error, rep.cause
+        if rep.ready:
+            self.backoff.ready(r.index, now)
+        else:
+            self.backoff.not_ready(r.index)
         self._count(r, rep, now)
         return rep.done_consuming and not r.draining
 
@@ -452,6 +480,8 @@ class PipelineRunner:
             with self._lock:
                 if self.replicas.get(replica.index) is replica:
                     del self.replicas[replica.index]
+                    self.backoff.forget(replica.index)  # removed on purpose: no failure
+                    self._last_failure.pop(replica.index, None)
 
     def _wait_name_free(self, name: str) -> bool:
         deadline = time.monotonic() + _NAME_RELEASE_S
@@ -465,18 +495,25 @@ class PipelineRunner:
 
     # 5 ----------------------------------------------------------------------------
 
-    def _replace_dead(self, dead: set[int]) -> None:
-
+    def _replace_dead(self, dead: set[int], now: float) -> None:
+        """Start each replica that is gone again: at once after its first failure in a
+        row, then after the restart backoff (`topology.restarts`)."""
         for index in sorted(dead):
             with self._lock:
                 replica = self.replicas.get(index)
             if replica is None or replica.draining:
                 continue
-            if replica.state in ("stopped", "failed"):
-                # Alive but no longer consuming: remove it, then start it again.
-                with contextlib.suppress(Exception):
-                    ray.kill(replica.handle, no_restart=True)
-                self._wait_name_free(replica.name)
+            if replica.retry_at is None:  # found gone this tick
+                self._take_down(replica)
+                self._last_failure[index] = (replica.cause, replica.error)
+                replica.retry_at = self.backoff.failed(index, now)
+                if replica.retry_at > now:
+                    self._events.append(
+                        f"{replica.name} restarts in {replica.retry_at - now:.0f} s "
+                        f"(failure {self.backoff.failures(index)} in a row)"
+                    )
+            if now < replica.retry_at:
+                continue
             # A dead actor's name is released; one that Ray is restarting keeps it.
             try:
                 ray.get_actor(replica.name, namespace=self.namespace)
@@ -487,7 +524,49 @@ class PipelineRunner:
                 continue
             self.restarts += 1
             why = "its actor died" if replica.state == "dead" else f"it was {replica.state}"
-            self._events.append(f"restarted {replica.name}: {why}")
+            if replica.error and replica.error not in why:
+                why += f" ({replica.error})"
+            self._events.append(f"restarted {replica.name}: {why}"[:1000])
+
+    def _take_down(self, replica: _Replica) -> None:
+        """Remove a replica that is alive but no longer consuming. One that failed with a
+        reason is asked to end itself with it, so that Ray records the reason as its death
+        cause (the dashboard shows it while the replica waits for its restart)."""
+        if replica.state == "dead":
+            return
+        if replica.error:
+            with contextlib.suppress(Exception):  # it dies: the call fails, as it should
+                ray.get(replica.handle.exit_failed.remote(), timeout=_EXIT_WAIT_S)
+        with contextlib.suppress(Exception):
+            ray.kill(replica.handle, no_restart=True)
+        self._wait_name_free(replica.name)
+
+    def failing(self) -> list[dict[str, Any]]:
+        """The replicas that report an error, wait for a restart, or were restarted after
+        failing twice or more in a row and have not served long enough since (the
+        backoff's reset window): each with its (last) cause and error."""
+        now = self.clock()
+        with self._lock:
+            reps = sorted(self.replicas.values(), key=lambda r: r.index)
+        out = []
+        for r in reps:
+            waiting = r.retry_at is not None and r.retry_at > now
+            failures = self.backoff.failures(r.index)
+            if r.draining or not (r.error or waiting or failures >= 2):
+                continue
+            cause, error = (
+                (r.cause, r.error) if r.error else self._last_failure.get(r.index, (None, None))
+            )
+            out.append(
+                {
+                    "replica": r.name,
+                    "cause": cause or ("WORKER_ERROR" if error else "CRASH_LOOP"),
+                    "error": error,
+                    "failures": failures,
+                    "restart_in_s": round(r.retry_at - now, 1) if waiting and r.retry_at else None,
+                }
+            )
+        return out
 
     # 6 ----------------------------------------------------------------------------
 
@@ -511,6 +590,7 @@ class PipelineRunner:
             "reason": decision.reason,
             "changed": decision.changes,
             "events": list(self._events),
+            "failing": sorted({f["cause"] for f in self.failing()}),
         }
         if decision.changes:
             self.scaling_decisions += 1
@@ -530,6 +610,7 @@ class PipelineRunner:
             busy=self.busy,
             scaling=decision.changes,
             restarts=sum(1 for e in self._events if e.startswith("restarted")),
+            failing=[f["cause"] for f in self.failing()],
         )
 
     def status(self) -> dict[str, Any]:
@@ -539,6 +620,7 @@ class PipelineRunner:
         recent = list(self.timeline)[-_DECISIONS_IN_STATUS:]
         return {
             "pipeline": self.spec.name,
+            "shadow": self.spec.shadow,
             "replicas": len(running),
             "ready": sum(1 for r in running if r.ready),
             "draining": len(reps) - len(running),
@@ -553,6 +635,9 @@ class PipelineRunner:
             "scaling_decisions": self.scaling_decisions,
             "resource_request": list(self.resource_request),
             "setup_error": self.setup_error or None,
+            # Replicas that report an error or wait for a restart, with the cause and the
+            # backoff (`dgstream status` exits non-zero while this is not empty).
+            "failing": self.failing(),
             "decisions": recent,
             "workers": [r.name for r in reps],
             "worker_states": {

@@ -3,24 +3,31 @@ Prometheus endpoint, where Ray prefixes each name with `ray_`); no-ops outside R
 
 Per pipeline (tag `pipeline`): replicas, ready replicas, desired replicas, group lag (left
 unchanged while unknown, with `dgstream_lag_known` at 0), throughput, busy replicas'
-worth of engine time; counters of scaling decisions and of replicas restarted.
+worth of engine time; counters of scaling decisions and of replicas restarted; and
+`dgstream_failing` (tags `pipeline`, `cause`): how many replicas fail with that cause (a
+batch they cannot read: UNSUPPORTED_CODEC, CORRUPT_BATCH, UNDECODABLE_BATCH; WORKER_ERROR,
+CRASH_LOOP), 0 once it has cleared.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 _METRICS: dict[str, Any] = {}
+# Per pipeline, the causes `dgstream_failing` was set for: set to 0 once they clear.
+_CAUSES_SHOWN: dict[str, set[str]] = {}
 
 
-def _metric(kind: str, name: str, description: str) -> Any:
+def _metric(
+    kind: str, name: str, description: str, tag_keys: tuple[str, ...] = ("pipeline",)
+) -> Any:
     """The process's one `ray.util.metrics` Gauge or Counter of that name (made once)."""
     if name not in _METRICS:
         from ray.util import metrics
 
-        _METRICS[name] = getattr(metrics, kind)(
-            name, description=description, tag_keys=("pipeline",)
-        )
+        _METRICS[name] = getattr(metrics, kind)(name, description=description, tag_keys=tag_keys)
     return _METRICS[name]
 
 
@@ -43,6 +50,7 @@ def publish(
     ready: int | None = None,
     busy: float | None = None,
     restarts: int = 0,
+    failing: Sequence[str] = (),
 ) -> None:
     import ray
 
@@ -65,3 +73,17 @@ def publish(
         _counter("dgstream_scaling_decisions", "size changes").inc(1, tags)
     if restarts:
         _counter("dgstream_replica_restarts", "dead workers started again").inc(restarts, tags)
+    _publish_failing(pipeline, Counter(failing))
+
+
+def _publish_failing(pipeline: str, counts: Counter[str]) -> None:
+    gauge = _metric(
+        "Gauge",
+        "dgstream_failing",
+        "replicas failing with this cause (0 once it has cleared)",
+        ("pipeline", "cause"),
+    )
+    shown = _CAUSES_SHOWN.setdefault(pipeline, set())
+    for cause in shown | set(counts):
+        gauge.set(counts.get(cause, 0), {"pipeline": pipeline, "cause": cause})
+    shown.update(counts)

@@ -7,6 +7,7 @@ live in the file: the Kafka section (a `KafkaConnection`) names environment vari
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,12 +24,15 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import OutputFormat, Question
+from schemas import ModerationOptions, OutputFormat, Question
 from schemas.names import TOPIC_PATTERN
+from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
-from workers.settings import Batching
+from workers.settings import Batching, CompressionType, Framing, check_moderation
+from workers.tracing import TracingSettings
 
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
 
@@ -63,6 +67,9 @@ class TopicSpec(_Frozen):
 
 
 class ResourcesSpec(_Frozen):
+    # One GPU a replica whatever the engine's backend: a pipeline on the CPU (the
+    # transformers engine with device cpu, the fake engine) says 0, else each replica
+    # waits for a GPU the cluster may not have.
     gpus: float = Field(default=1, ge=0)
     cpus: float = Field(default=1, ge=0)
     custom: dict[str, float] = Field(default_factory=dict)
@@ -92,6 +99,22 @@ class AutoscaleSpec(_Frozen):
     poll_interval_s: float = Field(default=5, gt=0)
 
 
+class RestartSpec(_Frozen):
+    """How the controller starts a failed replica again: at once the first time, then after
+    a pause that doubles with each failure in a row, up to the cap. A replica that fails
+    on every start (a batch it cannot read) then costs one start per cap, not a crash loop."""
+
+    # A pause of a few ticks (the default poll is 5 s): a second failure in a row is rarely
+    # a blip, and the next tries come at 10, 20, 40 s ...
+    initial_backoff_s: float = Field(default=5, gt=0)
+    # Five minutes: a failing replica costs one start (an engine load: minutes with vLLM)
+    # per five minutes, and a fixed cause is picked up within them.
+    max_backoff_s: float = Field(default=300, gt=0)
+    # A replica that served this long in a row has its failures forgotten: as long as the
+    # cap, so a replica failing at that rate still counts as failing.
+    reset_after_s: float = Field(default=300, gt=0)
+
+
 class PipelineSpec(_Frozen):
     name: str = Field(pattern=_NAME)
     input_topics: list[str] = Field(min_length=1)
@@ -105,10 +128,28 @@ class PipelineSpec(_Frozen):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
+    restarts: RestartSpec = Field(default_factory=RestartSpec)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    # The codec of the record batches the workers write, results and dead letters alike:
+    # "none" (the default: any consumer reads them, with no codec library), "gzip",
+    # "snappy", "lz4" or "zstd". Input batches of every codec are read whatever this says.
+    compression_type: CompressionType = "none"
+    # "confluent": input values carry the Schema Registry wire format (0x00, a 4-byte schema
+    # id, the JSON); the id is checked against `schema_registry` when set (cached; while the
+    # registry is away, records are read unchecked and counted). A value not framed is
+    # dead-lettered NOT_FRAMED, an id the registry does not know SCHEMA_ID_UNKNOWN.
+    input_framing: Framing = "none"
+    # "confluent": each result is framed with the id of its JSON Schema, registered under
+    # "<topic>-value" of the topic it goes to (needs `schema_registry`).
+    output_framing: Framing = "none"
+    # The registry's Confluent-compatible API (Confluent's `http://host:8081`, Apicurio's
+    # `http://host:8080/apis/ccompat/v7`).
+    schema_registry: RegistrySettings | None = None
     static_membership: bool = False
-    # How results are written: "dgstream" (the result record) or "jev" (Jev's response
-    # shape, for consumers that are Jev clients). Dead letters are the same in both.
+    # How results are written: "dgstream" (the result record), "jev" (Jev's response
+    # shape, for consumers that are Jev clients) or "openai_moderation" (OpenAI's
+    # moderation response, from the yes/no questions: `moderation`). Dead letters are the
+    # same in all three.
     output_format: OutputFormat = "dgstream"
     # In order: the first route whose `when` holds sends a result to its `topic`; results
     # no route takes go to output_topic (docs/routes.md).
@@ -116,6 +157,27 @@ class PipelineSpec(_Frozen):
     # Where a request's reply_topic may point (shell-style patterns); the output topic is
     # always allowed. Default: the Python client's reply topics.
     reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
+    # With output_format "openai_moderation": categories (-> yes/no question ids),
+    # thresholds, and whether `flagged` follows them or the routes (docs/decisions.md).
+    moderation: ModerationOptions = Field(default_factory=ModerationOptions)
+    # A calibration file (`dgstream calibrate` writes it), applied before the routes: its
+    # path, relative to this topology file (`dgstream run` reads it and sends its content).
+    calibration: Calibration | None = None
+    # Shadow mode: a second pipeline on the same input, in its own consumer group, writing
+    # every result to its own output topic; its routes are evaluated (each result's audit
+    # names the one that matched) but not acted on, and reply topics are ignored
+    # (`dgstream compare` reads the two pipelines' results side by side).
+    shadow: bool = False
+
+    @field_validator("calibration", mode="before")
+    @classmethod
+    def _calibration_content(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(
+                f"{v!r}: a calibration file's path is read when the topology file is loaded "
+                "(load_topology, dgstream run); here its content was expected"
+            )
+        return v
 
     @model_validator(mode="after")
     def _topics(self) -> PipelineSpec:
@@ -126,6 +188,8 @@ class PipelineSpec(_Frozen):
                 raise ValueError(f"input topic {t!r} is not a valid Kafka topic name")
         if self.output_topic in self.input_topics or self.dead_letter_topic in self.input_topics:
             raise ValueError("output and dead-letter topics must differ from the input topics")
+        if self.output_framing != "none" and self.schema_registry is None:
+            raise ValueError("output_framing needs schema_registry (the result schema's id)")
         return self
 
 
@@ -156,6 +220,8 @@ class RaySpec(_Frozen):
 class Topology(_Frozen):
     kafka: KafkaSpec
     ray: RaySpec = Field(default_factory=RaySpec)
+    # OpenTelemetry traces of every worker (OTLP export; off by default).
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     question_sets: dict[str, dict[str, Question]] = Field(default_factory=dict)
     pipelines: list[PipelineSpec] = Field(min_length=1)
 
@@ -188,6 +254,11 @@ class Topology(_Frozen):
                 )
             except ValueError as exc:
                 raise ValueError(f"pipelines[{i}].{exc}") from None
+            try:
+                check_moderation(p.moderation, p.routes, self.question_sets_for(p))
+            except ValueError as exc:
+                raise ValueError(f"pipelines[{i}].{exc}") from None
+        _check_shadows(self.pipelines)
         return self
 
     def pipeline(self, name: str) -> PipelineSpec:
@@ -198,6 +269,54 @@ class Topology(_Frozen):
 
     def question_sets_for(self, pipeline: PipelineSpec) -> dict[str, dict[str, Question]]:
         return {n: self.question_sets[n] for n in pipeline.question_sets}
+
+
+def _written(p: PipelineSpec) -> set[str]:
+    """Every topic a pipeline writes to."""
+    return {p.output_topic, p.dead_letter_topic, *(r.topic for r in p.routes)}
+
+
+def _check_shadows(pipelines: list[PipelineSpec]) -> None:
+    """A shadow pipeline shares nothing but its input with the others: not its consumer
+    group (it would take their partitions), not a topic it writes (its results would mix
+    with theirs)."""
+    for i, p in enumerate(pipelines):
+        if not p.shadow:
+            continue
+        for j, other in enumerate(pipelines):
+            if i == j:
+                continue
+            if other.consumer_group == p.consumer_group:
+                raise ValueError(
+                    f"pipelines[{i}] ({p.name}) is a shadow: its consumer_group must be its "
+                    f"own, not that of pipelines[{j}] ({other.name})"
+                )
+            mine = {p.output_topic, p.dead_letter_topic}
+            shared = sorted(mine & (_written(other) | set(other.input_topics)))
+            if shared:
+                raise ValueError(
+                    f"pipelines[{i}] ({p.name}) is a shadow: it must write to topics of its "
+                    f"own; {shared} belong to pipelines[{j}] ({other.name})"
+                )
+
+
+def inline_files(data: Any, base: Path) -> Any:
+    """The topology document with each pipeline's `calibration` path (relative to `base`,
+    the topology file's folder) replaced by the file's content, so that the controller
+    (on a Ray node, where the path may not exist) gets the calibration itself."""
+    if not isinstance(data, dict) or not isinstance(data.get("pipelines"), list):
+        return data
+    pipelines = []
+    for i, p in enumerate(data["pipelines"]):
+        if isinstance(p, dict) and isinstance(p.get("calibration"), str):
+            path = (base / p["calibration"]).expanduser()
+            try:
+                content = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise SpecError(f"pipelines[{i}].calibration: cannot read {path}: {exc}") from None
+            p = {**p, "calibration": content}
+        pipelines.append(p)
+    return {**data, "pipelines": pipelines}
 
 
 class SpecError(ValueError):
@@ -228,8 +347,14 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
 
 def load_topology(path: str | Path) -> Topology:
     p = Path(path)
+    return parse_topology(read_topology(p), str(p))
+
+
+def read_topology(path: str | Path) -> Any:
+    """The topology file's document, its calibration files read in (`inline_files`)."""
+    p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise SpecError(f"{p}: not valid YAML: {exc}") from None
-    return parse_topology(data, str(p))
+    return inline_files(data, p.parent)

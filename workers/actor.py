@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from workers.logs import configure_logging, get_logger
+from workers.poll_errors import UnreadableBatch
 from workers.settings import WorkerSettings
 from workers.status import ReplicaReport
 from workers.worker import StreamWorker
@@ -49,6 +50,7 @@ class _WorkerActorImpl:
         self._lock = threading.Lock()
         self._created = time.time()
         self._error: str | None = None
+        self._failure: dict[str, Any] | None = None  # an UnreadableBatch's facts
         self._log.info("actor_created", actor_id=self._actor_id, restarted=self._restarted)
         if autostart:
             self.start()
@@ -76,6 +78,12 @@ class _WorkerActorImpl:
                 return
         try:
             self._worker.run()
+        except UnreadableBatch as exc:
+            # A restart would meet the same batch at once: stay up, failed, and say why;
+            # the controller ends this actor with the cause and starts another after its
+            # backoff (`exit_failed`).
+            self._error, self._failure = exc.describe(), exc.as_dict()
+            self._log.error("unreadable_batch", **self._failure)
         except BaseException as exc:
             # Let Ray restart this actor: an exception here would only end the thread.
             self._log.error("actor_exit_for_restart", error=f"{type(exc).__name__}: {exc}")
@@ -96,7 +104,23 @@ class _WorkerActorImpl:
     def report(self) -> ReplicaReport:
         """What the controller reads, typed (`status()` is the fuller dict)."""
         state, answered, dead, engine_s = self._worker.report()
-        return ReplicaReport(state, self._actor_id, answered, dead, engine_s, self._error)
+        cause = self._failure["cause"] if self._failure else None
+        return ReplicaReport(state, self._actor_id, answered, dead, engine_s, self._error, cause)
+
+    def exit_failed(self) -> None:
+        """End this actor with its error as the cause Ray records: the actor's state is DEAD
+        and its death cause (the Ray dashboard, `ray list actors --detail`) carries the
+        error. Ray does not restart an actor that exits so; the controller does, after its
+        backoff. Answers nothing (the call fails with ActorDiedError)."""
+        from ray._raylet import (  # type: ignore[attr-defined]
+            raise_sys_exit_with_custom_error_message,
+        )
+
+        why = self._error or f"the worker is {self._worker.state}"
+        self._log.warning("actor_exit_failed", error=why)
+        sys.stderr.flush()
+        # Ray's own exit_actor() with a message of ours (the same private helper it uses).
+        raise_sys_exit_with_custom_error_message(f"dgstream: {why}")
 
     def ping(self) -> str:
         return "pong"
@@ -105,6 +129,7 @@ class _WorkerActorImpl:
         return {
             **status,
             **({"error": self._error} if self._error else {}),
+            **({"failure": self._failure} if self._failure else {}),
             "actor_id": self._actor_id,
             "restarted": self._restarted,
             "pid": os.getpid(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafka import TopicPartition
 
@@ -52,6 +53,9 @@ class Batch:
     # Abandoned (its work is read again from the committed offsets): it must produce
     # nothing more. Set under the exactly-once committer's lock, read under it.
     cancelled: bool = False
+    # Its spans (`workers.tracing.BatchTrace`) while tracing is on: opened by the engine
+    # stage, ended when its outputs are acknowledged or it fails.
+    trace: Any = None
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)

@@ -49,8 +49,17 @@ def _text(err: BaseException | None) -> str:
 class BatchClassifier:
     """Answers one batch (`await classify(requests)`); counts the engine calls made."""
 
-    def __init__(self, classifier: Classifier, retries: int, backoff_s: float, log: Any) -> None:
+    def __init__(
+        self,
+        classifier: Classifier,
+        retries: int,
+        backoff_s: float,
+        log: Any,
+        *,
+        trace_ids: dict[str, str] | None = None,
+    ) -> None:
         self._classifier = classifier
+        self._trace_ids = trace_ids or {}
         self._retries = retries
         self._backoff_s = backoff_s
         self._log = log
@@ -111,7 +120,12 @@ class BatchClassifier:
         everything (an outage)."""
         if not isinstance(err, ReadRejected) and not self._answered and not await self._probe():
             raise Outage("engine", f"every call failed, a probe request too ({_text(err)})"[:500])
-        self._log.warning("engine_failed_request", request_id=request.id, error=_text(err))
+        self._log.warning(
+            "engine_failed_request",
+            request_id=request.id,
+            trace_id=self._trace_ids.get(request.id),
+            error=_text(err),
+        )
         return RequestError(
             code=ErrorCode.ENGINE_FAILED,
             message=f"the engine could not answer this request ({_text(err)[:500]})",

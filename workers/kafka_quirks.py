@@ -19,6 +19,7 @@ __all__ = [
     "committed_offset",
     "drop_refused_offsets",
     "fenced",
+    "fetching_partition",
     "no_auto_create",
     "rejoin_pending",
 ]
@@ -88,3 +89,17 @@ def fenced(producer: Any) -> bool:
     manager = getattr(producer, "_transaction_manager", None)
     error = getattr(manager, "last_error", None)
     return isinstance(error, ProducerFencedError) or error is ProducerFencedError
+
+
+def fetching_partition(consumer: Any) -> tuple[str, int] | None:
+    """The partition whose record batch kafka-python's fetcher was unpacking when a poll
+    raised (a batch it cannot read: `workers.poll_errors`). kafka-python 3.0 says so only in
+    its fetcher's private state (the records in line, or the exception it holds for them);
+    None when neither names one."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    for attr in ("_next_partition_records", "_next_in_line_exception_metadata"):
+        held = getattr(fetcher, attr, None)
+        tp = getattr(held, "topic_partition", None) or getattr(held, "partition", None)
+        if tp is not None and hasattr(tp, "topic"):
+            return str(tp.topic), int(tp.partition)
+    return None

@@ -88,6 +88,7 @@ class WorkerMetrics:
         self.outage: str | None = None  # the kind of the outage under way
         self.outage_tries = 0
         self.producer_resets = 0
+        self.registry_unverified = 0  # framed records read while the registry was away
         self._ray: dict[str, Any] | None = None
         if use_ray if use_ray is not None else _ray_ready():
             self._ray = self._make_ray_metrics()
@@ -167,6 +168,13 @@ class WorkerMetrics:
                     "dgstream_outage_tries",
                     "Tries that met an outage (each followed by a backoff pause).",
                     (*_BASE_TAGS, "kind"),
+                )
+            ),
+            "registry_unverified": tagged(
+                Counter(
+                    "dgstream_registry_unverified",
+                    "Framed records read without a schema id check: the registry was away.",
+                    _BASE_TAGS,
                 )
             ),
             "transactions_aborted": tagged(
@@ -249,6 +257,11 @@ class WorkerMetrics:
                 self._ray["outage"].set(1, tags={"kind": kind})
         self.outage = kind
 
+    def record_registry_unverified(self) -> None:
+        self.registry_unverified += 1
+        if self._ray:
+            self._ray["registry_unverified"].inc()
+
     def record_producer_reset(self) -> None:
         self.producer_resets += 1
 
@@ -294,4 +307,5 @@ class WorkerMetrics:
             "transactions_aborted": self.transactions_aborted,
             "outage_tries": self.outage_tries,
             "producer_resets": self.producer_resets,
+            "registry_unverified": self.registry_unverified,
         }

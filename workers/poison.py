@@ -17,7 +17,7 @@ from kafka import TopicPartition
 
 from workers.settings import PoisonTuning
 
-__all__ = ["Attempts", "Mark", "PoisonGuard", "parse_attempts"]
+__all__ = ["PROGRESS", "Attempts", "Mark", "PoisonGuard", "parse_attempts"]
 
 _PREFIX = "dgstream:v1"
 _RE = re.compile(r"^dgstream:v1;started=(\d{1,6});alone=(\d{1,6})$")
@@ -40,6 +40,12 @@ class Attempts:
         return f"{_PREFIX};started={self.started};alone={self.alone}"
 
 
+# An ordinary commit's metadata when no count is carried (`PoisonGuard.progress`): the
+# work from the new offset was started by the incarnation that committed it. Should it
+# die before committing past it, the next owner counts that death too.
+PROGRESS = Attempts(started=1).text()
+
+
 def parse_attempts(text: str | None) -> Attempts:
     """The attempts a committed offset's metadata records; none for anything else
     (another tool's metadata, or none)."""
@@ -49,11 +55,12 @@ def parse_attempts(text: str | None) -> Attempts:
 
 @dataclass
 class _Partition:
-    start: int  # the offset the count applies to (the committed offset when first seen)
-    read: Attempts  # the count found there
+    start: int  # the committed offset the count applies to
+    read: Attempts  # the count there before this incarnation's start (read, or carried)
     careful_left: int  # records still to run one at a time
+    origin: int  # where that count was read: the deaths it holds had records from here
     progressed: bool = False  # a commit went past the first `start`
-    dirty: bool = True  # this incarnation raised the count at `start` (not cleared yet)
+    dirty: bool = True  # this incarnation's start is counted at `start` (not written back)
 
 
 class PoisonGuard:
@@ -83,7 +90,7 @@ class PoisonGuard:
             read = Attempts(max(read.started - 1, 0), read.alone)
         t = self._tuning
         suspect = read.started >= t.suspect_after or read.alone > 0
-        self._parts[tp] = _Partition(first, read, self._window if suspect else 0)
+        self._parts[tp] = _Partition(first, read, self._window if suspect else 0, first)
         self._started[tp] = first
         return first, Attempts(read.started + 1, read.alone).text()
 
@@ -113,26 +120,64 @@ class PoisonGuard:
         p.dirty = p.dirty or offset == p.start
         return offset, Attempts(base.started + 1, base.alone + 1).text()
 
+    def progress(self, tp: TopicPartition, offset: int) -> str:
+        """The metadata of an ordinary commit of `offset`: the starts counted where this
+        incarnation read its count, while `offset` is within the window of records the
+        dead incarnations could have had in flight from there (those before `offset` were
+        answered: the crash is further on), and this incarnation's own start. Past the
+        window, its start alone (PROGRESS). A partition in the middle of its one-at-a-
+        time run stays suspect (`suspect_after` starts at least)."""
+        p = self._parts.get(tp)
+        if p is None:
+            return PROGRESS
+        started = self._carried(p, offset).started + 1
+        if p.careful_left - (offset - p.start) > 0:
+            started = max(started, self._tuning.suspect_after)
+        return Attempts(started, 0).text()
+
+    def _carried(self, p: _Partition, offset: int) -> Attempts:
+        if p.read.started and offset < p.origin + self._window:
+            return Attempts(p.read.started, 0)
+        return Attempts()
+
     def committed(self, tp: TopicPartition, offset: int) -> None:
-        """A commit of `offset` (cleared metadata) went through."""
+        """A commit of `offset` went through, with the metadata `progress` gave it."""
         p = self._parts.get(tp)
         if p is None or offset <= p.start:
             return
         if p.careful_left > 0:
             p.careful_left = max(0, p.careful_left - (offset - p.start))
-        p.start, p.read, p.progressed, p.dirty = offset, Attempts(), True, False
+        carried = self._carried(p, offset)
+        if not carried.started:
+            p.origin = offset
+        p.start, p.read, p.progressed, p.dirty = offset, carried, True, True
+        self._started[tp] = offset  # this incarnation's start is counted here now
 
     def write_back(self, tps: set[TopicPartition]) -> dict[TopicPartition, Mark]:
-        """Leaving cleanly (or on an outage): for each partition whose count this
-        incarnation raised and no commit cleared, the mark that restores what was read
-        there, so that leaving is not counted as a crash."""
+        """Leaving cleanly (or on an outage): for each partition where this incarnation
+        counted its start (first seen, or in its last commit's metadata), the mark that
+        takes it out again, so that leaving is not counted as a crash."""
         out: dict[TopicPartition, Mark] = {}
         for tp in tps:
             p = self._parts.get(tp)
             if p is not None and p.dirty:
-                out[tp] = (p.start, p.read.text())
+                out[tp] = (p.start, self._handed_over(p).text())
                 p.dirty = False
+                # Its counts are undone: should the partition come back (after another
+                # owner's death, say), this incarnation counts its start there anew.
+                self._started.pop(tp, None)
+                self._alone = {a for a in self._alone if a[0] != tp}
         return out
+
+    def _handed_over(self, p: _Partition) -> Attempts:
+        """What a clean leave writes back: the count without this incarnation's start; a
+        partition left in the middle of its one-at-a-time run stays suspect for the next
+        owner (`suspect_after` starts), or the record that killed the last incarnations
+        would run in a batch again, and the deaths to isolate it start over."""
+        read, t = p.read, self._tuning
+        if p.careful_left > 0 and read.started < t.suspect_after and not read.alone:
+            return Attempts(t.suspect_after, read.alone)
+        return read
 
     def forget(self, tps: set[TopicPartition]) -> None:
         for tp in tps:

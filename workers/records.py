@@ -3,23 +3,27 @@ its headers, both taken from the input record so that consumers keep what they r
 
 - Key: the input record's key (ordering per key is what consumers rely on), else the
   request's id; None when there is neither (a dead letter of unreadable bytes).
-- Headers: every input header (W3C `traceparent`/`tracestate`, CloudEvents `ce_*`,
-  anything else), in their order and repeats kept, then ours. Ours win a collision: an
-  input header named like one of ours (compared ignoring case) is not copied, so a
-  record never carries two `model` headers (a chained pipeline's input carries the previous
-  pipeline's). A null header value is copied as empty bytes (the Kafka client writes bytes
-  only).
+- Headers: every input header (W3C `traceparent`/`tracestate`, anything else), in their
+  order and repeats kept, then ours. Ours win a collision: an input header named like one
+  of ours (compared ignoring case) is not copied, so a record never carries two `model`
+  headers (a chained pipeline's input carries the previous pipeline's); with tracing on,
+  our `traceparent` replaces the input's. The input's CloudEvents attributes (`ce_*`,
+  `content-type`) are never copied: the output carries its own (`schemas.cloudevents`),
+  else a CloudEvents consumer would take the result for the request. A null header value
+  is copied as empty bytes (the Kafka client writes bytes only).
 
 `result_record` puts it together for one result: its topic (reply topic, route, or the
-output topic), key, value in the pipeline's format, and headers.
+output topic; in shadow mode always the output topic), key, value in the pipeline's format
+with the audit of the route that matched, and headers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from schemas import ClassificationResult, OutputFormat, encode_output
+from schemas import Audit, ClassificationResult, ModerationOptions, OutputFormat, encode_output
+from schemas.cloudevents import is_event_header
 from workers.routes import Router
 
 __all__ = [
@@ -55,7 +59,7 @@ def output_headers(
     taken = {name.lower() for name in own}
     out: list[Header] = []
     for name, value in input_headers or ():
-        if name.lower() in taken:
+        if name.lower() in taken or is_event_header(name):
             continue
         out.append((name, b"" if value is None else bytes(value)))
     out.extend((name, bytes(value)) for name, value in ours)
@@ -81,13 +85,29 @@ def result_record(
     input_key: bytes | None,
     input_headers: Iterable[tuple[str, bytes | None]] | None,
     ours: Sequence[Header],
+    audit: Callable[[str], Audit] | None = None,
+    shadow: bool = False,
+    moderation: ModerationOptions | None = None,
+    extra: Sequence[Header] = (),
 ) -> OutputRecord:
     """The output record of one result. `ours`: the worker's headers (schema_version, model,
-    worker); `output_format` and `route` are added to them."""
-    match = router.route(result, reply_topic)
+    worker); `output_format`, `route` and `extra` (CloudEvents attributes, trace context)
+    are added to them. `audit(route)` gives the result's audit once its route is known. In
+    `shadow` mode the route is evaluated (and audited) but every result goes to the router's
+    default topic, and a reply topic is ignored."""
+    match = router.route(result, None if shadow else reply_topic)
+    if audit is not None:
+        result = result.model_copy(update={"audit": audit(match.name)})
     headers = output_headers(
         input_headers,
-        [*ours, ("output_format", output_format.encode()), ("route", match.name.encode())],
+        [
+            *ours,
+            ("output_format", output_format.encode()),
+            ("route", match.name.encode()),
+            *extra,
+        ],
     )
     key = output_key(input_key, result.id)
-    return OutputRecord(match.topic, key, encode_output(result, output_format), headers, match.name)
+    topic = router.default.topic if shadow else match.topic
+    value = encode_output(result, output_format, moderation)
+    return OutputRecord(topic, key, value, headers, match.name)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from schemas import (
     DEFAULT_LIMITS,
+    ModerationOptions,
     OutputFormat,
     ParseLimits,
     Question,
@@ -21,15 +22,20 @@ from schemas import (
     question_order,
 )
 from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
+from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
+from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
+from workers.tracing import TracingSettings
 
 __all__ = [
     "ActorResources",
     "Batching",
+    "CompressionType",
     "ConsumerTuning",
     "Delivery",
+    "Framing",
     "OutageTuning",
     "PoisonTuning",
     "ProducerTuning",
@@ -37,6 +43,11 @@ __all__ = [
 ]
 
 Delivery = Literal["at_least_once", "exactly_once"]
+# "confluent": values carry the Schema Registry wire format (a 0x00 magic byte, a 4-byte
+# big-endian schema id, then the JSON).
+Framing = Literal["none", "confluent"]
+# Kafka's names for the codecs of a record batch (`compression.type`).
+CompressionType = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 # Pipeline names go into actor names, client ids, transactional ids and instance ids
 # (the topology spec uses the same rule).
@@ -50,9 +61,12 @@ class _Frozen(BaseModel):
 class Batching(_Frozen):
     """Micro-batches: how many records, how long to wait for them, how many in flight."""
 
-    # 64 requests of 3 questions fill a 256-read forward on the H200 (docs/benchmarks.md:
-    # throughput flattens from 128 to 256 reads); it is also EngineSettings.max_batch_reads'
-    # default for the tiny CPU model. The topology file's `batching` is this model.
+    # A request's questions share one canvas, so 64 requests are 64 reads with one sample
+    # each and 256 when each takes 4 (`samples: 4`, or "auto" topping up to its auto_max
+    # of 4): the engine's reads/s on the H200 flatten from 128 to 256 reads a batch
+    # (docs/benchmarks.md), so a batch stays within that even when every request takes
+    # four. It is also EngineSettings.max_batch_reads' default for the tiny CPU model. The
+    # topology file's `batching` is this model.
     max_records: int = Field(default=64, ge=1, le=10_000)
     # A batch waits at most this long to fill once its first record is in, and only while
     # the engine is busy (an idle engine gets what is there at once). 50 ms: a fraction of
@@ -119,6 +133,11 @@ class ProducerTuning(_Frozen):
     request_timeout_ms: int = Field(default=30_000, ge=100)
     # kafka-python's default; Kafka's transaction.max.timeout.ms (15 min) is the ceiling.
     transaction_timeout_ms: int = Field(default=60_000, ge=1_000, le=900_000)
+    # The codec of the batches the worker writes (results and dead letters). "none", as
+    # Java's and kafka-python's producers: every consumer reads it without a codec library
+    # (a consumer that lacks one cannot read a batch at all), and results are small JSON
+    # at the engine's rate, rarely what fills a network. lz4 or zstd where the bytes matter.
+    compression_type: CompressionType = "none"
 
     @model_validator(mode="after")
     def _delivery_covers_a_request(self) -> ProducerTuning:
@@ -162,7 +181,8 @@ class PoisonTuning(_Frozen):
     # A record that was running alone when this many incarnations died is dead-lettered
     # POISON without running it again. 2: a crash with the record alone points at it; a
     # second rules out a coincidence (the node dying for its own reasons). With the
-    # defaults a poison record costs at most 4 restarts.
+    # defaults a poison record costs 4 restarts: every death is counted once, including
+    # that of an incarnation which committed work before it met the record.
     poison_after: int = Field(default=2, ge=1, le=100)
 
 
@@ -176,6 +196,30 @@ class ActorResources(_Frozen):
     # threads share one Python process (one GIL) anyway.
     cpus: float = Field(default=1.0, ge=0)
     custom: dict[str, float] = Field(default_factory=dict)
+
+
+def check_moderation(
+    options: ModerationOptions,
+    routes: list[Route],
+    question_sets: dict[str, dict[str, Question]],
+) -> None:
+    """The moderation shape's references hold: its routes exist, and (with question sets)
+    each category names a yes/no question of one of them. ValueError naming the field."""
+    names = {r.name for r in routes}
+    unknown = sorted(set(options.flag_routes or ()) - names)
+    if unknown:
+        raise ValueError(f"moderation.flag_routes: no route named {unknown}")
+    if options.flagged_by == "routes" and not routes:
+        raise ValueError('moderation.flagged_by "routes" needs routes')
+    if not question_sets:
+        return  # requests bring their own questions: their ids cannot be known here
+    yes_no = {qid for qs in question_sets.values() for qid, q in qs.items() if q.kind == "yes_no"}
+    for category, qid in options.categories.items():
+        if qid not in yes_no:
+            raise ValueError(
+                f"moderation.categories.{category}: {qid!r} is no yes/no question of the "
+                "pipeline's question sets"
+            )
 
 
 class WorkerSettings(_Frozen):
@@ -226,6 +270,25 @@ class WorkerSettings(_Frozen):
     # In order: the first route whose condition holds sends a result to its topic; results
     # no route takes go to output_topic (a request's reply_topic wins over both).
     routes: list[Route] = Field(default_factory=list)
+    # With output_format "openai_moderation": which yes/no questions are which categories,
+    # their thresholds, and what `flagged` means.
+    moderation: ModerationOptions = Field(default_factory=ModerationOptions)
+    # Per-question temperatures applied to every result before its route is chosen
+    # (`dgstream calibrate` writes them); the engine's probabilities stay beside them.
+    calibration: Calibration | None = None
+    # Shadow mode: routes are evaluated (the audit names the one that matched) but not acted
+    # on, and reply topics are ignored: every result goes to output_topic. A shadow
+    # pipeline reads the same input in a consumer group of its own.
+    shadow: bool = False
+    # OpenTelemetry traces (off by default).
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    # Input values framed by a Schema Registry serializer: the framing is read (and the id
+    # checked when `schema_registry` is set), the JSON after it parsed as usual.
+    input_framing: Framing = "none"
+    # Results framed with the id of their schema, registered under "<topic>-value" of the
+    # topic each goes to (needs `schema_registry`). Dead letters are never framed.
+    output_framing: Framing = "none"
+    schema_registry: RegistrySettings | None = None
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)
@@ -269,6 +332,8 @@ class WorkerSettings(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerSettings:
+        if self.output_framing != "none" and self.schema_registry is None:
+            raise ValueError("output_framing needs schema_registry (the result schema's id)")
         outputs = {self.output_topic, self.dead_letter_topic}
         if outputs & set(self.input_topics):
             raise ValueError("output and dead-letter topics must differ from the input topics")
@@ -279,9 +344,15 @@ class WorkerSettings(_Frozen):
             list(self.question_sets.values()) or None,
             forbidden_topics=[*self.input_topics, self.dead_letter_topic],
         )
+        check_moderation(self.moderation, self.routes, self.question_sets)
         return self
 
     # ---------------------------------------------------------------- derived names
+
+    @property
+    def event_source(self) -> str:
+        """The CloudEvents `source` of this pipeline's results and dead letters."""
+        return f"/dgstream/{self.deployment}/{self.pipeline}"
 
     @property
     def name(self) -> str:

@@ -20,6 +20,9 @@ class ReplicaReport:
     dead_lettered: int
     engine_seconds: float  # engine time since the actor (re)started
     error: str | None = None  # what the actor could not do (its Kafka login, say)
+    # Why it stopped, as a code (`workers.poll_errors.CAUSES`: a batch it cannot read);
+    # None for other errors.
+    cause: str | None = None
 
     @property
     def finished(self) -> int:

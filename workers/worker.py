@@ -20,12 +20,14 @@ import structlog
 from kafka import KafkaAdminClient
 
 from workers.batches import tp_name
+from workers.decisions import Decisions
 from workers.engine.classifier import Classifier
 from workers.errors import WorkerFailed
 from workers.kafka_admin import subscribe_known
 from workers.logs import configure_logging, get_logger, quiet_kafka_debug
 from workers.metrics import WorkerMetrics
 from workers.outputs import OutputBuilder
+from workers.poll_errors import unreadable_batch
 from workers.settings import WorkerSettings
 from workers.stream.delivery import Delivery, delivery_for
 from workers.stream.engine_stage import EngineStage
@@ -45,13 +47,21 @@ class StreamWorker:
     """One consumer-group member with one engine. `run()` blocks; the rest are thread-safe.
 
     `classifier` replaces the one built from `settings.engine` (tests inject failing
-    engines this way; the benchmark shares one between variants).
+    engines this way; the benchmark shares one between variants). `tracer_provider`
+    replaces the OTLP export of `settings.tracing` (tests: the SDK's in-memory exporter).
     """
 
-    def __init__(self, settings: WorkerSettings, *, classifier: Classifier | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        classifier: Classifier | None = None,
+        tracer_provider: Any | None = None,
+    ) -> None:
         self.settings = settings
         self.name = settings.name
         self._classifier = classifier
+        self._tracer_provider = tracer_provider
         if not structlog.is_configured():
             configure_logging(settings.log_level)
         quiet_kafka_debug()
@@ -72,6 +82,8 @@ class StreamWorker:
         self._delivery: Delivery | None = None
         self._ownership: Ownership | None = None
         self._recovery: Recovery | None = None
+        self._loop: ConsumeLoop | None = None
+        self._decisions: Decisions | None = None  # calibration, audit, CloudEvents, traces
 
     @property
     def log(self) -> Any:
@@ -91,7 +103,7 @@ class StreamWorker:
             self._state = "starting"
         self._started_at = time.time()
         try:
-            loop = self._setup()
+            loop = self._loop = self._setup()
             with self._shared.lock:
                 if self._state == "starting":
                     self._state = "running"
@@ -103,11 +115,20 @@ class StreamWorker:
                 static=self.settings.static_membership,
             )
             loop.run(self._stop, self._drain)
-        except BaseException as exc:
+        except BaseException as caught:
+            # A batch the consumer cannot read is named (what and where), not a bare error.
+            exc = unreadable_batch(caught, self._consumer) or caught
             error = f"{type(exc).__name__}: {exc}"
             self._completions.last_error = error
             self.log.error("worker_failed", error=error, exc_info=True)
+            if exc is not caught and self._loop is not None:
+                # What was read before that batch is finished and committed, as in a
+                # drain: the group's offset stands at the batch (no work redone, ever).
+                with contextlib.suppress(Exception):
+                    self._loop.finish_in_flight()
             self._finish("failed")
+            if exc is not caught:
+                raise exc from caught
             if isinstance(exc, WorkerFailed):
                 raise
             raise WorkerFailed(error) from exc
@@ -196,7 +217,11 @@ class StreamWorker:
         for topic in (s.output_topic, s.dead_letter_topic):
             topics.lookup(topic)  # their max.message.bytes (a failure keeps the default)
         model = classifier.engine.info.model.encode()
-        engine.attach(OutputBuilder(s, model, topics, shared.log), delivery.send)
+        decisions = self._decisions = Decisions.build(
+            s, classifier, tracer_provider=self._tracer_provider
+        )
+        outputs = OutputBuilder(s, model, topics, shared.log, decisions)
+        engine.attach(outputs, delivery.send, decisions)
         consumer = self._consumer = make_consumer(s, client)
         delivery.open_committer(consumer)
         recovery = self._recovery = Recovery(shared, done, delivery, consumer)
@@ -226,6 +251,9 @@ class StreamWorker:
         self._close_clients(failed)
         if self._engine is not None:
             self._engine.stop()
+        if self._decisions is not None:
+            with contextlib.suppress(Exception):
+                self._decisions.close()  # flushes the spans still buffered
         self.metrics.set_in_flight(0)
         self._summary = {
             "consumed": self.metrics.consumed,

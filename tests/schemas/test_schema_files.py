@@ -20,6 +20,7 @@ NAMES = (
     "result.schema.json",
     "dead_letter.schema.json",
     "jev_result.schema.json",
+    "openai_moderation_result.schema.json",
 )
 
 

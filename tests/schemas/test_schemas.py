@@ -128,6 +128,12 @@ BAD = [
     ),
     _bad("duplicate-keys", b'{"id": "a", "id": "b", "state": "x"}', E.INVALID_JSON, None),
     _bad(
+        "cloudevent-wrong-specversion",
+        {"specversion": "0.3", "id": "e", "source": "/s", "type": "t", "data": request()},
+        E.INVALID_CLOUDEVENT,
+        "specversion",
+    ),
+    _bad(
         "duplicate-nested-keys",
         b'{"id": "a", "state": "x", "metadata": {"k": 1, "k": 2}}',
         E.INVALID_JSON,
@@ -557,6 +563,11 @@ def test_table_is_large_and_covers_most_codes() -> None:
         E.REPLY_TOPIC_NOT_ALLOWED,
         E.REPLY_TOPIC_UNKNOWN,
         E.REPLY_TOPIC_NOT_WRITABLE,
+        # the framing's, before parse_request: tests/schemas/test_framing.py and
+        # tests/workers/test_schema_registry.py
+        E.NOT_FRAMED,
+        E.SCHEMA_ID_UNKNOWN,
+        E.SCHEMA_NOT_JSON,
     }
     assert set(ErrorCode) - raised_later == covered
 
@@ -1125,8 +1136,13 @@ def test_result_models_validate_each_answer_type() -> None:
     assert isinstance(a["sev"], ScoreAnswer) and a["sev"].legend["2"] == "medium"
     assert isinstance(a["target"], SkippedAnswer)
     dumped = json.loads(res.model_dump_json())
-    assert dumped["answers"]["topic"] == CHOICE
-    assert dumped["answers"]["toxic"] == YES_NO | {"stderr": None, "agreement": None}
+    # Uncalibrated answers say so: their raw_* fields are null.
+    assert dumped["answers"]["topic"] == CHOICE | {"raw_probabilities": None}
+    assert dumped["answers"]["toxic"] == YES_NO | {
+        "stderr": None,
+        "agreement": None,
+        "raw_p_yes": None,
+    }
     assert dumped["metadata"] == body["metadata"]
     assert ClassificationResult.model_validate(dumped) == res
 

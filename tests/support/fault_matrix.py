@@ -237,6 +237,9 @@ class Fault:
     dead: dict[str, str] = field(default_factory=dict)
     # Topic configs of the output topic in this cell (on top of the brokers' own).
     output_configs: dict[str, str] = field(default_factory=dict)
+    # The restarts the fault may cost, where the product documents a limit: the cell fails
+    # past it, and the duplicate bound counts it (not the restarts measured).
+    max_restarts: int | None = None
 
 
 def _kill9(run: Run) -> None:
@@ -378,6 +381,15 @@ def _poison_records() -> dict[str, tuple[bytes, str]]:
 POISON = _poison_records()
 
 
+def _poison_restarts() -> int:
+    """PoisonTuning's documented limit with the defaults: the deaths that make a partition
+    suspect, then those that convict its record running alone."""
+    from workers.settings import PoisonTuning
+
+    tuning = PoisonTuning()
+    return tuning.suspect_after + tuning.poison_after
+
+
 def _poison(run: Run) -> None:
     """The poison records, in the middle of the stream. A worker that meets the one that
     kills the engine (FatalEngineError on any read of it) dies and is restarted until the
@@ -500,6 +512,7 @@ FAULTS: dict[str, Fault] = {
             engine=_crashing,
             dead={key: code for key, (_, code) in POISON.items()},
             output_configs={"max.message.bytes": str(POISON_OUTPUT_LIMIT)},
+            max_restarts=_poison_restarts(),
         ),
         Fault(
             "output_gone",
@@ -1002,7 +1015,11 @@ class Run:
         v.wrong = [k for r, k in zip(records, keys, strict=True) if not _agrees(r, k, oracle)]
         v.dead, v.unexpected_dead = self._dead_letters(dead)
         v.lag = self.pipeline.lag()
-        v.events, v.restarts = max(self.events, self.restarts), self.restarts
+        limit = self.fault.max_restarts
+        v.events = max(self.events, self.restarts if limit is None else limit)
+        v.restarts = self.restarts
+        if limit is not None and self.restarts > limit:
+            v.notes.append(f"{self.restarts} restarts, more than the {limit} documented")
         if self.delivery == "at_least_once":
             touched = self.size.workers if self.fault.touches == "all" else 1
             v.bound = v.events * touched * BATCHING["max_in_flight"] * BATCHING["max_records"]

@@ -72,7 +72,7 @@ def _routes(*specs: tuple[str, str, str]) -> list[dict[str, str]]:
     [
         (
             _routes(("block", "toxic.p_yes >= 1.5", "chat.block")),
-            "pipelines[0].routes[0] (block): when: toxic.p_yes >= 1.5 is never true",
+            "pipelines[0].routes[0] (block): when: toxic.p_yes >= 1.5 is false whatever the answer",
         ),
         (
             _routes(
@@ -186,3 +186,23 @@ def test_the_controller_creates_the_route_topics(monkeypatch: pytest.MonkeyPatch
         "jev.block": n,
         "jev.review": n,
     }
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_compression_type_reaches_the_workers_producer(codec: str) -> None:
+    from topology.controller import PipelineRunner
+
+    data = _base()
+    data["pipelines"][0]["compression_type"] = codec
+    topo = parse_topology(data)
+    spec = topo.pipelines[0]
+    settings = PipelineRunner(topo, spec, topo.kafka, "spec-test").worker_settings(0)
+    assert settings.producer.compression_type == codec
+    assert parse_topology(_base()).pipelines[0].compression_type == "none"
+
+
+def test_an_unknown_codec_is_refused_by_name() -> None:
+    data = _base()
+    data["pipelines"][0]["compression_type"] = "brotli"
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.compression_type"):
+        parse_topology(data)

@@ -90,6 +90,30 @@ def test_ask_answers_locally() -> None:
     assert json.loads(bad.stdout)["error"]["code"] == "MISSING_FIELD"
 
 
+@pytest.mark.model
+def test_ask_takes_a_jev_body_without_id_as_the_worker_does() -> None:
+    """A Jev body has no id: `ask` names it after its bytes (as the worker names one after
+    its record), so the same body gets the same id, the same noise and the same answer."""
+    body = json.dumps(
+        {
+            "model": "jev-latest",
+            "state": "hello",
+            "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}},
+        }
+    )
+    first = run_cli("ask", body, "--json", "--device", "cpu")
+    assert first.returncode == 0, first.stdout + first.stderr
+    result = json.loads(first.stdout)
+    assert result["id"].startswith("ask-") and result["id_source"] == "record"
+    assert result["requested_model"] == "jev-latest"
+    assert set(result["answers"]) == {"billing"}
+    laid_out = json.dumps(json.loads(body), indent=4)  # the same body, spaced otherwise
+    again = json.loads(run_cli("ask", laid_out, "--json", "--device", "cpu").stdout)
+    assert (again["id"], again["answers"]) == (result["id"], result["answers"])
+    other = run_cli("ask", body.replace("hello", "hello!"), "--json", "--device", "cpu")
+    assert json.loads(other.stdout)["id"] != result["id"]
+
+
 def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline) -> None:
     """Jev's bodies have no id: produce accepts them and sends them without a key (the
     worker names them by topic-partition-offset); tail shows a Jev-format result under its

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from worker_helpers import Pipeline, WorkerThread
 
-from dgstream import Client, ErrorCode, RequestFailed, RequestInvalid
+from dgstream import ClassificationResult, Client, ErrorCode, RequestFailed, RequestInvalid
 
 pytestmark = [pytest.mark.broker]
 
@@ -37,6 +37,28 @@ def test_classify_one_and_many(pipeline: Pipeline, worker_threads: list[WorkerTh
         assert all(set(r.answers) == {"toxic", "kind"} for r in results)
         # Results went to the client's own reply topic, not the pipeline's output topic.
         assert client.reply_topic != pipeline.output
+
+
+def test_jev_bodies_without_id_are_sent_keyed_and_answered(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """A Jev body goes as it is (no id added): keyed by an id the client draws, which the
+    worker takes as the request's id, as it does for any keyed body."""
+    worker_threads.append(WorkerThread(pipeline.settings()).start())
+    body = {"model": "jev-latest", "state": "hello", "questions": QUESTIONS}
+    with Client(pipeline.conn, pipeline.input, dead_letter_topic=pipeline.dead) as client:
+        a, b = client.submit(request=body), client.submit(request=body)
+        one, two = a.result(timeout=60), b.result(timeout=60)
+        assert isinstance(one, ClassificationResult) and isinstance(two, ClassificationResult)
+        assert one.id != two.id and one.id_source == two.id_source == "key"
+        assert set(one.answers) == {"toxic", "kind"} and one.requested_model == "jev-latest"
+        (many,) = client.classify_many([body])
+        assert isinstance(many, ClassificationResult) and many.id_source == "key"
+        # Refused by the pipeline: the dead letter names the drawn id, and the call fails.
+        with pytest.raises(RequestFailed) as info:
+            client.classify(request={"state": "x", "question_set": "nope"})
+        assert info.value.error.code == ErrorCode.UNKNOWN_QUESTION_SET
+        assert "id" not in json.loads(info.value.dead_letter.original_bytes())
 
 
 def test_bad_request_is_refused_before_sending(pipeline: Pipeline) -> None:

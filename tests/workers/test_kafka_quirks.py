@@ -18,6 +18,7 @@ from workers.kafka_quirks import (
     committed_offset,
     drop_refused_offsets,
     fenced,
+    fetching_partition,
     no_auto_create,
     rejoin_pending,
 )
@@ -107,3 +108,22 @@ def test_a_committed_offset_lookup_is_bounded() -> None:
         (T0, {"timeout_ms": OFFSET_FETCH_TIMEOUT_MS}),
         (T0, {"metadata": True, "timeout_ms": OFFSET_FETCH_TIMEOUT_MS}),
     ]
+
+
+def test_the_partition_being_unpacked_is_read_from_the_fetcher() -> None:
+    held = SimpleNamespace(topic_partition=T0)
+    consumer = SimpleNamespace(_fetcher=SimpleNamespace(_next_partition_records=held))
+    assert fetching_partition(consumer) == ("in", 0)
+    # The exception kafka-python holds for the records in line names its partition too.
+    meta = SimpleNamespace(partition=TopicPartition("other", 4))
+    holder = SimpleNamespace(_next_partition_records=None, _next_in_line_exception_metadata=meta)
+    assert fetching_partition(SimpleNamespace(_fetcher=holder)) == ("other", 4)
+
+
+def test_no_fetcher_or_nothing_in_line_names_no_partition() -> None:
+    assert fetching_partition(SimpleNamespace()) is None
+    assert fetching_partition(None) is None
+    empty = SimpleNamespace(_next_partition_records=SimpleNamespace(topic_partition=None))
+    assert fetching_partition(SimpleNamespace(_fetcher=empty)) is None
+    not_a_tp = SimpleNamespace(_next_partition_records=SimpleNamespace(partition=3))
+    assert fetching_partition(SimpleNamespace(_fetcher=not_a_tp)) is None

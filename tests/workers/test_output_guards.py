@@ -11,13 +11,14 @@ from kafka import TopicPartition
 
 from schemas import ErrorCode
 from workers.kafka_settings import KafkaConnection
-from workers.poison import Attempts, PoisonGuard, parse_attempts
+from workers.poison import PROGRESS, Attempts, PoisonGuard, parse_attempts
 from workers.settings import PoisonTuning, WorkerSettings
 from workers.topics import BAD_TTL_S, TopicGuard, record_size
 
 pytestmark = pytest.mark.unit
 
 TP = TopicPartition("requests", 0)
+T_OTHER = TopicPartition("requests", 1)
 
 
 def _settings(**kw: Any) -> WorkerSettings:
@@ -151,8 +152,34 @@ def test_a_partition_first_seen_counts_one_start() -> None:
     g = _guard()
     assert g.first_seen(TP, 10, 10, "") == (10, "dgstream:v1;started=1;alone=0")
     assert not g.careful()
-    g.committed(TP, 14)  # progress: the count is cleared by the commit itself
-    assert g.write_back({TP}) == {}
+    # Progress: the commit itself says PROGRESS (this incarnation's start at 14), which a
+    # clean leave clears and a death leaves for the next owner to count.
+    g.committed(TP, 14)
+    assert g.write_back({TP}) == {TP: (14, "")}
+    assert g.write_back({TP}) == {}  # once
+    assert _guard().first_seen(TP, 14, 14, PROGRESS) == (14, Attempts(2, 0).text())
+
+
+def test_progress_carries_the_count_within_the_window_with_this_start() -> None:
+    """Deaths counted at 10 had records from 10 in flight (the window: 4 here): a commit
+    of 12 says they happened after 12 as far as anyone knows, plus this incarnation's
+    start; from 14 on, only this start. A clean leave takes this start out again."""
+    g = _guard()
+    g.first_seen(TP, 10, 10, Attempts(1, 0).text())
+    assert g.progress(TP, 12) == Attempts(2, 0).text()
+    g.committed(TP, 12)
+    assert g.write_back({TP}) == {TP: (12, Attempts(1, 0).text())}
+    assert g.progress(TP, 14) == PROGRESS
+    g.committed(TP, 14)
+    assert g.write_back({TP}) == {TP: (14, "")}
+    # The next owner, after a death at 12, counts both deaths there.
+    assert _guard().first_seen(TP, 12, 12, Attempts(2, 0).text()) == (12, Attempts(3, 0).text())
+    # A suspect partition's commits keep it suspect until its one-at-a-time run is through.
+    g = _guard()
+    g.first_seen(TP, 10, 10, Attempts(0, 1).text())
+    assert g.careful() and g.progress(TP, 11) == Attempts(2, 0).text()
+    assert g.progress(TP, 14) == PROGRESS
+    assert g.progress(T_OTHER, 3) == PROGRESS  # a partition it never saw
 
 
 def test_a_committed_offset_not_where_reading_starts_counts_from_zero() -> None:
@@ -168,8 +195,8 @@ def test_two_crashed_starts_make_the_partition_suspect_and_records_run_alone() -
     assert g.careful() and g.suspect(TP)
     assert g.before_alone(TP, 10) == (10, Attempts(3, 1).text())
     assert g.before_alone(TP, 10) is None  # counted once per incarnation (outage retries)
-    g.committed(TP, 11)
-    assert g.before_alone(TP, 11) == (11, Attempts(1, 1).text())
+    g.committed(TP, 11)  # the two deaths are carried to 11 (within the window)
+    assert g.before_alone(TP, 11) == (11, Attempts(3, 1).text())
     g.committed(TP, 14)  # the window (4 records) is through
     assert not g.careful()
 
@@ -190,6 +217,43 @@ def test_leaving_cleanly_without_progress_writes_back_what_was_read() -> None:
     g.first_seen(TP, 10, 10, seen)
     assert g.write_back({TP}) == {TP: (10, seen)}
     assert g.write_back({TP}) == {}  # once
+
+
+def test_a_partition_given_back_cleanly_counts_the_next_owners_death_when_it_returns() -> None:
+    """Two workers: this one gives the partition away cleanly (its count written back), the
+    other counts its own start there and dies; back here, that death is counted."""
+    g = _guard()
+    assert g.first_seen(TP, 10, 10, "") == (10, Attempts(1, 0).text())
+    assert g.write_back({TP}) == {TP: (10, "")}
+    g.forget({TP})
+    assert g.first_seen(TP, 10, 10, Attempts(1, 0).text()) == (10, Attempts(2, 0).text())
+    g = _guard()  # the same for a record it ran alone
+    g.first_seen(TP, 10, 10, Attempts(2, 0).text())
+    assert g.before_alone(TP, 10) == (10, Attempts(3, 1).text())
+    assert g.write_back({TP}) == {TP: (10, Attempts(2, 0).text())}
+    g.forget({TP})
+    g.first_seen(TP, 10, 10, Attempts(3, 1).text())
+    assert g.before_alone(TP, 10) == (10, Attempts(4, 2).text())
+
+
+def test_a_suspect_partition_handed_over_mid_window_stays_suspect() -> None:
+    """Two crashes made the partition suspect; its first record ran alone and committed;
+    a rebalance hands it over before the window (4 records) is through: the next owner
+    still runs its records one at a time, so the crashing one is caught alone."""
+    g = _guard()
+    g.first_seen(TP, 10, 10, Attempts(2, 0).text())
+    g.before_alone(TP, 10)
+    g.committed(TP, 11)
+    assert g.careful()
+    (mark,) = g.write_back({TP}).values()
+    assert mark == (11, Attempts(2, 0).text())
+    nxt = _guard()
+    nxt.first_seen(TP, 11, 11, mark[1])
+    assert nxt.suspect(TP)
+    g = _guard()  # through the window: nothing to carry
+    g.first_seen(TP, 10, 10, Attempts(2, 0).text())
+    g.committed(TP, 14)
+    assert not g.careful() and g.write_back({TP}) == {TP: (14, "")}
 
 
 def test_a_partition_that_leaves_and_comes_back_is_not_counted_twice() -> None:

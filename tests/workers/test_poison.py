@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from faults import DELIVERIES, CrashOn, classifier_with
+from kafka.errors import KafkaError
 from waiting import wait_for
 from worker_helpers import Pipeline, WorkerThread, count_duplicates, request_bytes
 
@@ -78,12 +79,10 @@ def _run_until_isolated(
     return died
 
 
-@pytest.mark.parametrize("delivery", DELIVERIES)
-def test_an_engine_crash_on_one_record_is_isolated_after_bounded_restarts(
-    pipeline: Pipeline, worker_threads: list[WorkerThread], delivery: str
-) -> None:
-    settings = _settings(pipeline, delivery)
-    ids = _produce(pipeline)
+def _thread_incarnations(
+    settings: Any, worker_threads: list[WorkerThread]
+) -> tuple[Callable[[], int | None], list[WorkerThread]]:
+    """Worker threads whose engine crashes on the record, one restarted after each death."""
     current: list[WorkerThread] = []
 
     def incarnation() -> int | None:
@@ -98,12 +97,49 @@ def test_an_engine_crash_on_one_record_is_isolated_after_bounded_restarts(
             return 1 if len(current) > 1 else None
         return None
 
+    return incarnation, current
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_an_engine_crash_on_one_record_is_isolated_after_bounded_restarts(
+    pipeline: Pipeline, worker_threads: list[WorkerThread], delivery: str
+) -> None:
+    settings = _settings(pipeline, delivery)
+    ids = _produce(pipeline)
+    incarnation, current = _thread_incarnations(settings, worker_threads)
     died = _run_until_isolated(pipeline, ids, delivery, incarnation)
     assert died >= settings.poison.suspect_after + settings.poison.poison_after - 1
     last = current[-1].worker
     assert last.status()["state"] == "running"
     assert last.status()["dead_letter_codes"] == {"POISON": 1}
     last.drain()
+    current[-1].join()
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_a_poison_record_met_after_progress_costs_the_documented_restarts(
+    pipeline: Pipeline, worker_threads: list[WorkerThread], delivery: str
+) -> None:
+    """The record comes after work the first incarnation has committed (as in a running
+    stream): that incarnation's death counts too, so the record is dead-lettered after
+    suspect_after + poison_after restarts (PoisonTuning's "at most 4"), not one more."""
+    settings = _settings(pipeline, delivery)
+    before = [f"b{i}" for i in range(10)]
+    values = [request_bytes(rid, i) for i, rid in enumerate(before)]
+    pipeline.produce(values, keys=[rid.encode() for rid in before], partition=0)
+    incarnation, current = _thread_incarnations(settings, worker_threads)
+    incarnation()
+
+    def progressed() -> bool:
+        try:
+            return pipeline.committed().get(0) == len(before)
+        except KafkaError:  # no coordinator for the group yet
+            return False
+
+    wait_for(progressed, 60, "the first records committed")
+    died = _run_until_isolated(pipeline, before + _produce(pipeline), delivery, incarnation)
+    assert died == settings.poison.suspect_after + settings.poison.poison_after
+    current[-1].worker.drain()
     current[-1].join()
 
 

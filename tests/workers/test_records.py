@@ -40,10 +40,13 @@ def test_key_is_the_inputs_else_the_request_id(
     assert output_key(key, rid) == expected
 
 
-def test_trace_and_cloudevents_headers_are_copied_before_ours() -> None:
+def test_trace_headers_are_copied_before_ours_and_cloudevents_attributes_are_not() -> None:
+    # The input's CloudEvents attributes name the request's event: a result copying them
+    # would be taken for the request (or a duplicate of it) by a CloudEvents consumer.
     inputs = [TRACE, ("tracestate", b"congo=t61rcWkgMzE"), *CLOUDEVENT, ("x-tenant", b"\x00\xff")]
     out = output_headers(inputs, OURS)
-    assert out == [*inputs, *OURS]
+    assert out == [TRACE, ("tracestate", b"congo=t61rcWkgMzE"), ("x-tenant", b"\x00\xff"), *OURS]
+    assert output_headers([("CE_ID", b"x"), ("Content-Type", b"a/b")], []) == []
 
 
 def test_repeats_and_order_are_kept_and_null_values_become_empty() -> None:

@@ -225,38 +225,41 @@ def test_bad_conditions_are_refused_saying_where(
 
 CHECKED = [
     # impossible or pointless thresholds
-    ("toxic.p_yes >= 1.5", "is never true: toxic.p_yes lies in 0..1"),
-    ("toxic.p_yes > 1", "is never true"),
-    ("toxic.p_yes < 0", "is never true"),
-    ("-0.5 > toxic.p_yes", "is never true"),
-    ("toxic.confidence < 90", "is always true"),
-    ("toxic.p_yes >= 0", "is always true"),
-    ("toxic.p_yes != 2", "is always true"),
-    ("toxic.entropy >= 0", "is always true"),
-    ("0.9 <= toxic.p_yes < 0.4", "no value of toxic.p_yes meets all its bounds"),
+    ("toxic.p_yes >= 1.5", "is false whatever the answer: toxic.p_yes lies in 0..1"),
+    ("toxic.p_yes > 1", "is false whatever the answer"),
+    ("toxic.p_yes < 0", "is false whatever the answer"),
+    ("-0.5 > toxic.p_yes", "is false whatever the answer"),
+    ("toxic.confidence < 90", "is true whatever the answer"),
+    ("toxic.p_yes >= 0", "is true whatever the answer"),
+    ("toxic.p_yes != 2", "is true whatever the answer"),
+    ("toxic.entropy >= 0", "is true whatever the answer"),
+    ("0.9 <= toxic.p_yes < 0.4", "never true: no value of toxic.p_yes makes it hold"),
     ("0.5 < toxic.p_yes < 0.5", "no value of toxic.p_yes"),
     ("toxic.p_yes > 0.9 and toxic.p_yes < 0.3", "no value of toxic.p_yes"),
     ("toxic.p_yes > 0.9 and (cat.skipped or (toxic.p_yes < 0.3 and toxic.p_yes > 0.1))", None),
     ("toxic.p_yes > 0.9 and (toxic.label == 'yes' and toxic.p_yes <= 0.9)", "no value"),
     # scores: the known question has 3 levels
-    ("sev.score >= 3", "is never true: sev.score lies in 0..2"),
-    ("sev.expected_score > 3", "is never true: sev.expected_score lies in 1..3"),
-    ("sev.expected_score >= 1", "is always true"),
+    ("sev.score >= 3", "is false whatever the answer: sev.score lies in 0..2"),
+    ("sev.expected_score > 3", "is false whatever the answer: sev.expected_score lies in 1..3"),
+    ("sev.expected_score >= 1", "is true whatever the answer"),
     # names and kinds the question sets know
     ("spam.p_yes > 0.5", "unknown question 'spam'"),
     ("cat.p_yes > 0.5", "p_yes is a field of yes_no questions and cat is choice"),
     ("toxic.choice == 'spam'", "choice is a field of choice questions and toxic is yes_no"),
-    ("sev.level == 'extreme'", "is never true: sev's answers are 'bad', 'mild', 'none'"),
-    ('"Spam" == cat.choice', "is never true"),
-    ("cat.choice != 'ham'", "is always true"),
-    ("toxic.label == 'maybe'", "never true"),
+    (
+        "sev.level == 'extreme'",
+        "is false whatever the answer: sev's answers are 'bad', 'mild', 'none'",
+    ),
+    ('"Spam" == cat.choice', "is false whatever the answer"),
+    ("cat.choice != 'ham'", "is true whatever the answer"),
+    ("toxic.label == 'maybe'", "false whatever the answer"),
 ]
 
 
 @pytest.mark.parametrize(("text", "says"), CHECKED)
 def test_load_time_checks(text: str, says: str | None) -> None:
     cond = parse_condition(text)
-    if says is None:  # an `or` hides the contradiction from the conjunction check
+    if says is None:  # cat.skipped makes it true
         check_condition(cond, KNOWN)
         return
     with pytest.raises(RouteError) as caught:
@@ -264,9 +267,54 @@ def test_load_time_checks(text: str, says: str | None) -> None:
     assert says in caught.value.message
 
 
+# Whole conditions: refused as never true only when no answer makes the whole condition
+# true, through `or` and `not` too; a contradiction inside one branch is no refusal.
+WHOLE = [
+    ("toxic.p_yes > 0.5 or (toxic.p_yes > 0.9 and toxic.p_yes < 0.3)", None),
+    ("not (toxic.p_yes > 0.9 and toxic.p_yes < 0.3)", None),
+    ("not (0.9 <= toxic.p_yes < 0.4)", None),
+    ("(toxic.p_yes > 0.9 and toxic.p_yes < 0.3) or cat.choice == 'spam'", None),
+    (
+        "(toxic.p_yes > 0.9 or toxic.p_yes < 0.1) and 0.2 < toxic.p_yes < 0.8",
+        "never true",
+    ),
+    ("not (toxic.p_yes > 0.5 or toxic.p_yes <= 0.5)", "never true"),
+    ("not (toxic.p_yes >= 0.5) and not (toxic.p_yes < 0.5)", "never true"),
+    (
+        "(cat.choice == 'spam' or cat.choice == 'abuse') and cat.choice == 'normal'",
+        "never true",
+    ),
+    ("(cat.choice == 'spam' or cat.choice == 'abuse') and cat.choice != 'spam'", None),
+    ("sev.skipped and not sev.skipped", "never true"),
+    ("sev.skipped == true and sev.skipped == false", "never true"),
+    # two fields compared: values between the thresholds, and between each other
+    ("toxic.confidence > cat.confidence and toxic.confidence < 0.5 and cat.confidence > 0.4", None),
+    (
+        "toxic.confidence > cat.confidence and toxic.confidence < 0.4 and cat.confidence > 0.5",
+        "never",
+    ),
+    ("cat.label == sev.label and cat.choice == 'spam'", "never true"),
+    ("cat.label != toxic.label and toxic.label == 'yes'", None),
+    ("false", "never true"),
+    ("true or toxic.p_yes > 0.5", None),
+]
+
+
+@pytest.mark.parametrize(("text", "says"), WHOLE)
+def test_the_check_judges_the_whole_condition(text: str, says: str | None) -> None:
+    cond = parse_condition(text)
+    if says is None:
+        check_condition(cond, KNOWN)
+        return
+    with pytest.raises(RouteError) as caught:
+        check_condition(cond, KNOWN)
+    assert caught.value.message.startswith("never true"), caught.value.message
+    assert says in caught.value.message
+
+
 def test_without_known_questions_only_names_and_kinds_go_unchecked() -> None:
     check_condition(parse_condition("spam.p_yes > 0.5 and cat.level == 'x'"))
-    with pytest.raises(RouteError, match="never true"):
+    with pytest.raises(RouteError, match="false whatever the answer"):
         check_condition(parse_condition("spam.p_yes >= 1.5"))
     with pytest.raises(RouteError, match=r"0\.\.9"):  # 10 levels at most: score is 0..9
         check_condition(parse_condition("q.score > 9"))
@@ -329,7 +377,7 @@ def test_check_routes_names_the_route() -> None:
     check_routes(MODERATION, [QUESTIONS], forbidden_topics=["moderation.in"])
     bad = [*MODERATION, *routes(("never", "toxic.p_yes >= 1.5", "x"))]
     with pytest.raises(
-        ValueError, match=r"routes\[3\] \(never\): when: toxic.p_yes >= 1.5 is never"
+        ValueError, match=r"routes\[3\] \(never\): when: toxic.p_yes >= 1.5 is false whatever"
     ):
         check_routes(bad, [QUESTIONS])
     with pytest.raises(ValueError, match="unique"):
@@ -490,6 +538,37 @@ def test_meaning_agrees_with_pythons_operators(gen: Gen) -> None:
     text, value, _ = gen
     cond = parse_condition(text)
     assert cond.evaluate(SAMPLE) is value(), text
+
+
+def _random_result(draw: st.DrawFn) -> ClassificationResult:
+    unit = st.floats(0.0, 1.0)
+    weights = [draw(unit) + 1e-6 for _ in range(3)]
+    probs = dict(zip(["spam", "abuse", "normal"], [w / sum(weights) for w in weights], strict=True))
+    raw = [draw(unit) + 1e-6 for _ in range(3)]
+    levels = tuple(w / sum(raw) for w in raw)
+    return result(
+        p_yes=draw(unit),
+        choice=max(probs, key=probs.__getitem__),
+        probs=probs,
+        levels=levels,  # type: ignore[arg-type]
+    )
+
+
+@PROPERTY
+@given(
+    st.recursive(LEAVES, _combine, max_leaves=6),
+    st.lists(st.composite(_random_result)(), min_size=1, max_size=4),
+)
+def test_a_condition_some_answer_makes_true_is_never_refused_as_never_true(
+    gen: Gen, results: list[ClassificationResult]
+) -> None:
+    cond = parse_condition(gen[0])
+    if not any(cond.evaluate(res) for res in results):
+        return
+    try:
+        check_condition(cond, KNOWN)
+    except RouteError as exc:
+        assert not exc.message.startswith("never true"), (gen[0], exc.message)
 
 
 def test_every_field_has_a_value_for_its_kind() -> None:

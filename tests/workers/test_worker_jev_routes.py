@@ -86,7 +86,10 @@ def test_jev_bodies_answered_in_jev_shape_on_their_routes(
             seen.add(rid)
             assert where[rid] == topic, rid
             headers = dict(rec.headers)
-            assert headers["traceparent"] == TRACE[1] and headers["ce_id"] == rid.encode()
+            assert headers["traceparent"] == TRACE[1]
+            # The result is an event of its own, caused by the request's.
+            assert headers["ce_causationid"] == rid.encode() and headers["ce_id"] != rid.encode()
+            assert headers["ce_type"] == b"dgstream.result.v1" and headers["ce_subject"]
             assert headers["output_format"] == b"jev"
             assert headers["route"] == (b"urgent" if topic == urgent else b"default")
             body = json.loads(rec.value)

@@ -47,12 +47,23 @@ class Committer(Protocol):
         ...
 
 
+# tp, offset -> the metadata of an ordinary commit of that offset (the poison guard's
+# count, `workers.poison.PoisonGuard.progress`); none by default.
+Progress = Callable[[TopicPartition, int], str]
+
+
+def _no_metadata(tp: TopicPartition, offset: int) -> str:
+    return ""
+
+
 def _metadata(
-    offsets: Mapping[TopicPartition, int], marks: Marks | None = None
+    offsets: Mapping[TopicPartition, int],
+    marks: Marks | None = None,
+    progress: Progress = _no_metadata,
 ) -> dict[TopicPartition, OffsetAndMetadata]:
-    """Offsets to commit: cleared metadata where work is done, the marks elsewhere."""
+    """Offsets to commit: `progress`'s metadata where work is done, the marks elsewhere."""
     out = {tp: OffsetAndMetadata(off, meta, -1) for tp, (off, meta) in (marks or {}).items()}
-    out.update({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+    out.update({tp: OffsetAndMetadata(off, progress(tp, off), -1) for tp, off in offsets.items()})
     return out
 
 
@@ -89,10 +100,13 @@ def bounded(call: Callable[[], _T], timeout_s: float, what: str) -> _T:
 class AtLeastOnceCommitter:
     """Offsets through the consumer, after the broker acknowledged every output."""
 
-    def __init__(self, consumer: Any, log: Any, timeout_s: float) -> None:
+    def __init__(
+        self, consumer: Any, log: Any, timeout_s: float, progress: Progress = _no_metadata
+    ) -> None:
         self._consumer = consumer
         self._log = log
         self._timeout_ms = int(timeout_s * 1000)
+        self._progress = progress
 
     def commit(
         self, ready: Callable[[], Ready], *, sync: bool, marks: Marks | None = None
@@ -100,7 +114,7 @@ class AtLeastOnceCommitter:
         done = ready()
         if not done and not marks:
             return {}
-        offsets = _metadata(commit_offsets(done), marks)
+        offsets = _metadata(commit_offsets(done), marks, self._progress)
         # 1. The outputs: nothing to flush. A batch is done only once the broker has
         #    acknowledged every one of its outputs (acks=all).
         # 2. The offsets: wait for them on the consumer thread; from the rebalance
@@ -129,10 +143,13 @@ class ExactlyOnceCommitter:
     their partitions' offsets; `abort` drops the open transaction and cancels the batches
     still in flight, so that none of them sends into the next one."""
 
-    def __init__(self, producer: Any, consumer: Any, timeout_s: float) -> None:
+    def __init__(
+        self, producer: Any, consumer: Any, timeout_s: float, progress: Progress = _no_metadata
+    ) -> None:
         self._producer = producer
         self._consumer = consumer
         self._timeout_s = timeout_s
+        self._progress = progress
         self._lock = threading.Lock()
         self._sent: list[Batch] = []  # batches whose outputs are in the open transaction
         self._futures: list[Any] = []  # their send futures
@@ -187,7 +204,7 @@ class ExactlyOnceCommitter:
             for b in self._sent:
                 b.done = True
             done = ready()
-            offsets = _metadata(commit_offsets(done), marks)
+            offsets = _metadata(commit_offsets(done), marks, self._progress)
             # 2. Only a current member commits offsets: the coordinator accepts a
             #    transactional commit that names no member and no generation from anyone.
             meta = self._check_membership(offsets)

@@ -39,6 +39,15 @@ class EngineSettings(BaseModel):
     fake_cost_per_read_s: float = Field(default=0.0, ge=0.0)
     # Base of every noise seed: results are reproducible for a given seed.
     seed: int = 0
+    # The checkpoint's revision as the pipeline declares it, for the results' audit (e.g. a
+    # release tag or commit). None: read from the model's hub snapshot (vLLM: its
+    # `vllm.revision`), else hashed from its files once at start (seconds per GB).
+    revision: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+def model_dir(name: str) -> Path:
+    """The directory a transformers model name stands for (built-in, or a path)."""
+    return _model_dir(name)
 
 
 def _model_dir(name: str) -> Path:

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 # Canvas widths are multiples of 16, the project's choice from its first layout: few widths
 # keep batch shapes (and a backend's compiled graphs) few, and the demo model was trained so.
 CANVAS_QUANTUM = 16
+# The version of what this module writes for the model (system text, user turn, answer
+# template, canvas layout), named in every result's audit. Bump it with any change to the
+# text or layout that could move an answer: tests/workers/test_audit.py pins the rendered
+# prompt and canvas of a fixed request to this version.
+PROMPT_TEMPLATE_VERSION = "dgstream-prompt-1"
 _LETTERS = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 
 

@@ -9,6 +9,7 @@ deterministic: the same corpus and settings give the same merges.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -101,32 +102,46 @@ def _corpus(seed: int = 1234, lines: int = 6000) -> list[str]:
     return out
 
 
-def build_tokenizer() -> Tokenizer:
+def build_tokenizer(
+    special_tokens: Sequence[str] = tuple(SPECIAL_TOKENS), extra_lines: Sequence[str] = ()
+) -> Tokenizer:
+    """The demo tokenizer, with the defaults. More `special_tokens` (after SPECIAL_TOKENS, so
+    pad, eos and bos keep their ids) or `extra_lines` of training text (after the corpus)
+    give another tokenizer of the same kind, for another prompt format."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator([*_corpus(), *extra_lines], trainer=trainer)
     return tok
 
 
-def save_pretrained_tokenizer(directory: Path) -> None:
-    """Write a `PreTrainedTokenizerFast` (tokenizer.json, chat template, special tokens)."""
+def save_pretrained_tokenizer(
+    directory: Path,
+    *,
+    turns: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+    extra_lines: Sequence[str] = (),
+) -> None:
+    """Write a `PreTrainedTokenizerFast` (tokenizer.json, chat template, special tokens).
+
+    The defaults write the demo tokenizer. `turns`: another chat format's markers (special
+    tokens) for `chat_template` to write; `extra_lines`: as in `build_tokenizer`."""
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(),
+        tokenizer_object=build_tokenizer((*SPECIAL_TOKENS, *turns), extra_lines),
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
         unk_token="<unk>",
-        additional_special_tokens=["<start_of_turn>", END_OF_TURN],
+        additional_special_tokens=["<start_of_turn>", END_OF_TURN, *turns],
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(directory))

@@ -1,6 +1,6 @@
-"""The error table: every way a record, a read, a batch, a send, a commit or an abort can end
-other than well, and what the worker does then. Plain data and one pure function, no thread
-of its own: every role reads it.
+"""The error table: every way a record, a read, a batch, a send, a commit, an abort or a
+poll can end other than well, and what the worker does then. Plain data and one pure
+function, no thread of its own: every role reads it.
 
 `kind_of(exc)` names the kind of an error that reaches the consumer thread (a batch's, a
 send's, a commit's); `TABLE[kind]` says what happens. The rows whose `by` is not
@@ -55,11 +55,12 @@ class Kind(Enum):
     MEMBERSHIP_STALE = "membership stale"
     FATAL = "fatal"
     ABORT_FAILED = "abort failed"
+    UNREADABLE_BATCH = "unreadable batch"
 
 
 @dataclass(frozen=True)
 class Row:
-    ends: str  # what the error ends: a record, a read, a batch, a send, a commit, an abort
+    ends: str  # what it ends: a record, a read, a batch, a send, a commit, an abort, a poll
     error: str  # what it is
     action: Action
     then: str  # what follows, and when the action changes
@@ -169,6 +170,15 @@ TABLE: dict[Kind, Row] = {
         Action.ABANDON,
         "a new producer before new work (it fences the old one); fenced: fail",
         "workers.stream.delivery",
+    ),
+    Kind.UNREADABLE_BATCH: Row(
+        "a poll",
+        "a record batch the consumer cannot read (`workers.poll_errors`: a codec this "
+        "process lacks, a CRC failure, bytes that do not decompress)",
+        Action.FAIL,
+        "after finishing and committing what was read before it, as a drain; the "
+        "operator fixes the cause or skips the batch (`dgstream skip-batch`)",
+        "workers.worker",
     ),
 }
 

@@ -31,6 +31,7 @@ from workers.commit import (
     Marks,
     Ready,
 )
+from workers.decisions import Decisions
 from workers.errors import OutputFailed, SendFailed, WorkerFailed
 from workers.kafka_quirks import fenced, no_auto_create
 from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
@@ -64,6 +65,7 @@ class Delivery(ABC):
 
     def open_producer(self) -> None:
         s = self._s.settings
+        codec = s.producer.compression_type
         options: dict[str, Any] = {
             "acks": "all",
             "enable_idempotence": True,
@@ -75,6 +77,7 @@ class Delivery(ABC):
             "delivery_timeout_ms": s.producer.delivery_timeout_ms,
             "max_request_size": s.producer.max_request_size,
             "request_timeout_ms": s.producer.request_timeout_ms,
+            "compression_type": None if codec == "none" else codec,
             **self._producer_options(),
         }
         self.producer = KafkaProducer(
@@ -140,12 +143,13 @@ class Delivery(ABC):
 
     # ------------------------------------------------------------------ shared by both
 
-    def _answered(self, outputs: list[Output]) -> None:
+    def _answered(self, batch: Batch, outputs: list[Output]) -> None:
         if self._debug:
-            for o in outputs:
+            for i, o in enumerate(outputs):
                 if o.dead_code is None and o.key is not None:
                     rid = o.key.decode("utf-8", "backslashreplace")  # the input's key: any bytes
-                    self._s.log.debug("answered", key=rid, topic=o.topic)
+                    trace_id = Decisions.trace_id(o.entry, i, batch.trace)
+                    self._s.log.debug("answered", key=rid, topic=o.topic, trace_id=trace_id)
 
     def _watch(self, batch: Batch, outputs: list[Output], futures: list[Any]) -> None:
         """Each send's failure goes to the completion queue; the outputs are counted."""
@@ -175,14 +179,16 @@ class AtLeastOnce(Delivery):
 
     def _committer_for(self, consumer: Any) -> Committer:
         timeout = self._s.settings.commit_timeout_s
-        return AtLeastOnceCommitter(consumer, self._s.log, timeout)
+        return AtLeastOnceCommitter(consumer, self._s.log, timeout, self._s.poison.progress)
 
     def send(self, batch: Batch, outputs: list[Output]) -> None:
         """The batch is done when every output is acknowledged (engine loop)."""
         if batch.cancelled:  # abandoned meanwhile: its records are read again
+            Decisions.end_trace(batch)
             return
-        self._answered(outputs)
+        self._answered(batch, outputs)
         if not outputs:
+            Decisions.end_trace(batch)
             self._completions.done(batch)
             return
         batch.waiting = len(outputs)
@@ -194,6 +200,7 @@ class AtLeastOnce(Delivery):
                 if finished:
                     batch.reported = True
             if finished:
+                Decisions.end_trace(batch)
                 self._completions.done(batch)
 
         futures = []
@@ -234,7 +241,8 @@ class ExactlyOnce(Delivery):
     def _committer_for(self, consumer: Any) -> Committer:
         # init_transactions fences an earlier producer of this replica (an earlier
         # incarnation, or this one's own before a reset) and aborts its transaction.
-        txn = ExactlyOnceCommitter(self.producer, consumer, self._s.settings.commit_timeout_s)
+        timeout = self._s.settings.commit_timeout_s
+        txn = ExactlyOnceCommitter(self.producer, consumer, timeout, self._s.poison.progress)
         txn.start()
         self._txn = txn
         return txn
@@ -242,8 +250,9 @@ class ExactlyOnce(Delivery):
     def send(self, batch: Batch, outputs: list[Output]) -> None:
         """The batch is done once its outputs are in the open transaction (engine loop)."""
         if batch.cancelled:
+            Decisions.end_trace(batch)
             return
-        self._answered(outputs)
+        self._answered(batch, outputs)
         try:
             futures = self._txn.send(batch, outputs)
         except KafkaError as exc:
@@ -255,6 +264,7 @@ class ExactlyOnce(Delivery):
         if futures is None:
             return  # cancelled
         self._watch(batch, outputs, futures)
+        Decisions.end_trace(batch)
         self._completions.done(batch)  # in the transaction (an outage is over)
 
     def delivered(self, batch: Batch) -> None:

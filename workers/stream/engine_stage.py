@@ -21,6 +21,7 @@ from typing import Any
 
 from workers.batches import Batch, Output
 from workers.classify import BatchClassifier
+from workers.decisions import Decisions
 from workers.engine.classifier import Classifier
 from workers.outputs import OutputBuilder
 from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
@@ -38,6 +39,7 @@ class EngineStage:
         # What it hands each batch to, once the engine is up (`attach`).
         self._outputs: OutputBuilder | None = None
         self._send: Callable[[Batch, list[Output]], None] | None = None
+        self._decisions: Decisions | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._send_turn: asyncio.Event | None = None  # the last batch submitted's
@@ -53,10 +55,15 @@ class EngineStage:
         self.classifier = self._on_loop(self._build(classifier)).result()
         return self.classifier
 
-    def attach(self, outputs: OutputBuilder, send: Callable[[Batch, list[Output]], None]) -> None:
+    def attach(
+        self,
+        outputs: OutputBuilder,
+        send: Callable[[Batch, list[Output]], None],
+        decisions: Decisions,
+    ) -> None:
         """What a batch goes through after the engine: the output builder (whose result
-        headers name the engine's model) and delivery's `send`."""
-        self._outputs, self._send = outputs, send
+        headers name the engine's model), delivery's `send`, and the batch's traces."""
+        self._outputs, self._send, self._decisions = outputs, send, decisions
 
     async def _build(self, classifier: Classifier | None) -> Classifier:
         if classifier is not None:
@@ -79,6 +86,8 @@ class EngineStage:
             outputs = await self._outputs.build(batch, outcomes)
             if prev is not None:
                 await prev.wait()
+            if batch.trace is not None:
+                batch.trace.begin("send", {"dgstream.outputs": len(outputs)})
             self._send(batch, outputs)
         except asyncio.CancelledError:
             raise
@@ -93,14 +102,21 @@ class EngineStage:
         t0 = time.perf_counter()
         try:
             requests = [e.request for e in batch.entries if e.request is not None]
-            assert self.classifier is not None
+            assert self.classifier is not None and self._decisions is not None
             settings = s.settings
+            batch.trace = self._decisions.trace_batch(batch)  # None: tracing is off
             step = BatchClassifier(
-                self.classifier, settings.engine_retries, settings.engine_retry_backoff_s, s.log
+                self.classifier,
+                settings.engine_retries,
+                settings.engine_retry_backoff_s,
+                s.log,
+                trace_ids=_trace_ids(batch, self._decisions),
             )
             outcomes = await step.classify(requests) if requests else []
         finally:
             s.classified += 1  # answered or failed: the engine is free (`Shared.engine_idle`)
+            if batch.trace is not None:
+                batch.trace.finish("engine read")
         metrics.record_batch(len(batch))
         if requests:
             metrics.record_engine(time.perf_counter() - t0, step.calls)
@@ -131,3 +147,14 @@ class EngineStage:
         thread.join(CLOSE_TIMEOUT_S)
         if not thread.is_alive():
             loop.close()
+
+
+def _trace_ids(batch: Batch, decisions: Decisions) -> dict[str, str]:
+    """Request id -> trace id, for the engine stage's log lines about a request."""
+    out = {}
+    for i, e in enumerate(batch.entries):
+        if e.request is not None:
+            tid = decisions.trace_id(e, i, batch.trace)
+            if tid is not None:
+                out[e.request.id] = tid
+    return out

@@ -18,9 +18,11 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from schemas import ErrorCode, RequestError, parse_request, record_id
+from schemas import ErrorCode, RequestError, record_id
+from schemas.cloudevents import CONTENT_TYPE
 from workers.batches import Batch, Entry, tp_name
 from workers.commit import Marks
+from workers.inputs import InputReader
 from workers.kafka_quirks import committed_offset, rejoin_pending
 from workers.stream.shared import Completions, Shared
 
@@ -61,6 +63,7 @@ class Intake:
         self._completions = completions
         self._consumer = consumer
         self._clock = clock
+        self._inputs = InputReader(shared.settings, shared.metrics, shared.log)
         self._seq = 0
         self._last_poll = -math.inf  # never: the first wait while full polls
         self._marks: dict[TopicPartition, tuple[int, str]] = {}  # to commit before submitting
@@ -158,7 +161,8 @@ class Intake:
         # A body without an id (Jev's) is named after its record: its key, else its place.
         fallback = record_id(rec.key, tp.topic, tp.partition, rec.offset)
         entry.fallback_id = fallback.value
-        parsed = parse_request(rec.value, s.settings.parse_limits, fallback_id=fallback)
+        # Framing (if any), then the JSON (a structured CloudEvent by its content type).
+        parsed = self._inputs.parse(rec.value, fallback, _header(entry.headers, CONTENT_TYPE))
         if isinstance(parsed, RequestError):
             entry.error = parsed
         elif parsed.question_set is not None and parsed.question_set not in (
@@ -214,3 +218,11 @@ class Intake:
             if mark is not None:
                 marks[e.tp] = mark
         return marks
+
+
+def _header(headers: list[tuple[str, bytes | None]], name: str) -> str | None:
+    """A record header's value as text (the first of that name, compared ignoring case)."""
+    for key, value in headers:
+        if key.lower() == name and value:
+            return bytes(value).decode("utf-8", "replace")
+    return None

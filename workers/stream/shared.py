@@ -20,6 +20,7 @@ from kafka import TopicPartition
 
 from workers.batches import Batch, Output
 from workers.commit import Marks, OffsetTracker, Ready
+from workers.decisions import Decisions
 from workers.metrics import WorkerMetrics
 from workers.outage import OutageClock
 from workers.poison import PoisonGuard
@@ -88,6 +89,7 @@ class Completions:
             if batch.reported:
                 return
             batch.reported = True
+        Decisions.end_trace(batch, exc)
         if batch.cancelled and not counts_when_abandoned(exc):
             return  # abandoned already: its records are read again
         self.last_error = f"{type(exc).__name__}: {exc}"

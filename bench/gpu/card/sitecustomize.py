@@ -59,7 +59,8 @@ def _install(card_gib: float) -> None:
             "time": time.time(),
         }
         path = os.path.join(report_dir, f"card-{os.getpid()}.json")
-        tmp = path + ".tmp"
+        # One temporary name per writer: the timer and the exit hook may both write.
+        tmp = f"{path}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
             json.dump(body, f)
         os.replace(tmp, path)

@@ -1,6 +1,6 @@
 """A real Apache Kafka broker (KRaft) on loopback, run from Maven Central jars, for tests,
 benchmarks and `dgstream broker`. It talks to nothing but Maven Central (only when the jar
-cache is missing or stale) and 127.0.0.1.
+cache is missing or stale: the pinned jars of `infra/kafka/jars.lock.json`) and 127.0.0.1.
 
 One module per job: `jars` (fetch), `config` (ports, `server.properties`), `process` (the
 JVMs), `lifecycle` (start, resume, stop, status), `secure` (TLS/SCRAM), `faults` (kill,
@@ -19,11 +19,13 @@ from infra.kafka.broker.config import DEFAULT_CLIENT_PORT
 from infra.kafka.broker.faults import freeze_node, kill_node, restart_node
 from infra.kafka.broker.jars import (
     LIB_ENV,
+    LOCK_PATH,
     MARKER_NAME,
     POM_PATH,
     FetchResult,
     default_lib_dir,
     fetch,
+    lock,
     marker_path,
 )
 from infra.kafka.broker.lifecycle import start, start_cluster, status, stop
@@ -47,6 +49,7 @@ __all__ = [
     "JVM_OPTS_ENV",
     "KAFKA_MAIN",
     "LIB_ENV",
+    "LOCK_PATH",
     "LOOPBACK",
     "MARKER_NAME",
     "POM_PATH",
@@ -65,6 +68,7 @@ __all__ = [
     "fetch",
     "freeze_node",
     "kill_node",
+    "lock",
     "main",
     "marker_path",
     "restart_node",

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from infra.kafka.broker.jars import fetch
+from infra.kafka.broker.jars import LOCK_PATH, fetch, lock
 from infra.kafka.broker.lifecycle import start, start_cluster, status, stop
 from infra.kafka.broker.state import HOME_ENV, BrokerError, read_state, resolve_home
 
@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     sub.add_parser("status", parents=[common], help="is it running and answering?")
     sub.add_parser("fetch", parents=[common], help="fetch Kafka's jars (no-op when cached)")
+    sub.add_parser(
+        "lock",
+        parents=[common],
+        help="pin the pom's jars and their checksums again (after a pom change; needs mvn)",
+    )
 
 
 def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
@@ -56,20 +61,8 @@ def cli(args: argparse.Namespace) -> int:
     action = args.broker_command
     home = getattr(args, "home", None)
     try:
-        if action == "fetch":
-            r = fetch()
-            verb = "fetched" if r.fetched else "already cached"
-            _emit(
-                args,
-                {
-                    "lib_dir": str(r.lib_dir),
-                    "fetched": r.fetched,
-                    "jars": r.jars,
-                    "seconds": r.seconds,
-                },
-                f"Kafka jars {verb}: {r.jars} in {r.lib_dir} ({r.seconds:.1f}s)",
-            )
-            return 0
+        if action in ("fetch", "lock"):
+            return _cli_jars(args, action)
         if action == "start":
             if args.nodes > 1:
                 if args.port is not None:
@@ -112,6 +105,21 @@ def cli(args: argparse.Namespace) -> int:
         return 1
     print(f"unknown broker action {action!r}", file=sys.stderr)
     return 2
+
+
+def _cli_jars(args: argparse.Namespace, action: str) -> int:
+    if action == "lock":
+        n = lock()
+        _emit(args, {"lock": str(LOCK_PATH), "jars": n}, f"pinned {n} jars in {LOCK_PATH}")
+        return 0
+    r = fetch()
+    verb = "fetched" if r.fetched else "already cached"
+    _emit(
+        args,
+        {"lib_dir": str(r.lib_dir), "fetched": r.fetched, "jars": r.jars, "seconds": r.seconds},
+        f"Kafka jars {verb}: {r.jars} in {r.lib_dir} ({r.seconds:.1f}s)",
+    )
+    return 0
 
 
 _KEPT_HINT = "`dgstream broker start` resumes it, `dgstream broker stop --delete-data` deletes it"

@@ -33,7 +33,11 @@ logger.clients.level = WARN
 
 
 def port_free(port: int) -> bool:
+    """Whether Kafka could listen on `port`: bound as the JVM binds a server socket, with
+    SO_REUSEADDR, so a port held only by TIME-WAIT sockets (for a minute after a broker on
+    it stopped) is free, and one that something listens on is not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((LOOPBACK, port))
         except OSError:

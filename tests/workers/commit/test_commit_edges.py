@@ -42,17 +42,17 @@ class _Log:
 # --------------------------------------------------------------------------- metadata
 
 
-def test_at_least_once_commits_the_marks_metadata_and_clears_it_where_work_is_done() -> None:
+def test_at_least_once_commits_the_marks_metadata_and_progress_where_work_is_done() -> None:
     calls, log = Calls(), _Log()
     consumer = FakeConsumer(calls)
-    committer = AtLeastOnceCommitter(consumer, log, 5.0)
+    committer = AtLeastOnceCommitter(consumer, log, 5.0, lambda tp, off: f"{tp.partition}@{off}")
     tracker = OffsetTracker()
     b = _batch(1, (T0, 4))
     tracker.track(b)
     b.done = True
     committer.commit(tracker.ready, sync=True, marks={T2: (7, "poison:3")})
     assert consumer.committed == {
-        T0: OffsetAndMetadata(5, "", -1),
+        T0: OffsetAndMetadata(5, f"{T0.partition}@5", -1),
         T2: OffsetAndMetadata(7, "poison:3", -1),
     }
 
@@ -60,7 +60,8 @@ def test_at_least_once_commits_the_marks_metadata_and_clears_it_where_work_is_do
 def test_exactly_once_sends_the_marks_metadata_into_the_transaction() -> None:
     calls = Calls()
     producer = FakeProducer(calls)
-    committer = ExactlyOnceCommitter(producer, FakeConsumer(calls, {T0, T2}), 5.0)
+    consumer = FakeConsumer(calls, {T0, T2})
+    committer = ExactlyOnceCommitter(producer, consumer, 5.0, lambda tp, off: f"p{off}")
     committer.start()
     tracker = OffsetTracker()
     b = _batch(1, (T0, 4))
@@ -68,7 +69,7 @@ def test_exactly_once_sends_the_marks_metadata_into_the_transaction() -> None:
     committer.send(b, [Output("out", b"key", b"value", [("h", b"1")], b.entries[0], None)])
     committer.commit(tracker.ready, marks={T2: (7, "poison:3")})
     assert producer.offsets == {
-        T0: OffsetAndMetadata(5, "", -1),
+        T0: OffsetAndMetadata(5, "p5", -1),
         T2: OffsetAndMetadata(7, "poison:3", -1),
     }
     # The output went out whole: topic, value, key and headers.

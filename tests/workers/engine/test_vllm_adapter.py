@@ -785,7 +785,14 @@ def test_a_shared_label_set_leaves_every_slot_distribution_unchanged() -> None:
             append_logprobs_for_next_position(
                 flat, asked, lp.tolist(), [None] * len(asked), 1, len(asked)
             )
-        out = CompletionOutput(0, "", list(read.canvas_ids), None, flat, "length")
+        out = CompletionOutput(
+            index=0,
+            text="",
+            token_ids=list(read.canvas_ids),
+            cumulative_logprob=None,
+            logprobs=flat,
+            finish_reason="length",
+        )
         return RequestOutput("r", None, list(read.prompt_ids), None, [out], True)
 
     own = parse_output(read, output(logprob_ids(read)), constrained=True)

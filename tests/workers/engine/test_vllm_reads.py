@@ -9,6 +9,7 @@ gpu tier's (`test_vllm_gpu.py`): every answer of the demo model the same as stoc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -184,6 +185,15 @@ def cpu_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
     from vllm.model_executor.models import diffusion_gemma
 
     return diffusion_gemma
+
+
+@pytest.fixture
+def eager_vllm(cpu_vllm: Any) -> Iterator[Any]:
+    """As `cpu_vllm`, with vLLM's compiled sampler steps run eagerly (no compiler run)."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(disable=True):
+        yield cpu_vllm
 
 
 def _states(dg: Any) -> Any:
@@ -545,16 +555,11 @@ def _arrive(theirs: Any, ours: Any, state: Any, arrivals: dict[int, Any]) -> Non
 
 
 @pytest.mark.vllm
-def test_a_step_of_reads_reports_what_vllms_own_sampler_reports(
-    cpu_vllm: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_step_of_reads_reports_what_vllms_own_sampler_reports(eager_vllm: Any) -> None:
     """Three constrained reads of one label set and a request still reading its prompt, in
     one step: the same canvas, counts, offsets and logprobs from both samplers; the
     request whose prompt finished gets the same seeded canvas."""
-    import torch._dynamo
-
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)  # vLLM's compiled steps, eager
-    theirs, ours, state, model = _pair(cpu_vllm)
+    theirs, ours, state, model = _pair(eager_vllm)
     _arrive(
         theirs,
         ours,
@@ -599,15 +604,10 @@ def _with_allowed(sampler: Any, batch: Any) -> Any:
 
 
 @pytest.mark.vllm
-def test_a_mixed_step_reads_each_group_its_own_way(
-    cpu_vllm: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_mixed_step_reads_each_group_its_own_way(eager_vllm: Any) -> None:
     """Constrained reads beside a full-vocabulary one: each row as its group reads it
     (float64 oracles), in row order, padded to one width."""
-    import torch._dynamo
-
-    monkeypatch.setattr(torch._dynamo.config, "disable", True)
-    theirs, ours, state, model = _pair(cpu_vllm)
+    theirs, ours, state, model = _pair(eager_vllm)
     _arrive(
         theirs,
         ours,

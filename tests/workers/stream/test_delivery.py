@@ -111,7 +111,9 @@ def test_answered_results_are_logged_one_by_one_only_at_debug() -> None:
     b = batch(1, (T0, 0), (T0, 1))
     d.send(b, [output(b, i=0), output(b, "dead", "BAD_INPUT", i=1)])
     assert isinstance(s.log, RecordingLog)
-    assert s.log.named("answered") == [("debug", {"key": "k0", "topic": "out"})]
+    assert s.log.named("answered") == [
+        ("debug", {"key": "k0", "topic": "out", "trace_id": None})  # tracing off
+    ]
     quiet, qs, _, _, _ = _delivery()
     quiet.send(b, [output(b)])
     assert isinstance(qs.log, RecordingLog) and qs.log.named("answered") == []

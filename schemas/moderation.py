@@ -1,0 +1,147 @@
+"""Results in OpenAI's moderation response shape (`output_format: openai_moderation`).
+
+`{"id", "model", "results": [{"flagged", "categories", "category_scores",
+"category_applied_input_types"}]}`, one entry (one input per request), which is what many
+downstream services already parse (the `openai` SDK's `ModerationCreateResponse`).
+
+A pipeline maps its yes/no questions to categories (`ModerationOptions.categories`,
+category -> question id; by default every yes/no question is a category of its own name).
+A category's score is the question's `p_yes` (calibrated, when the pipeline calibrates);
+it is flagged when the score reaches its threshold. `flagged` is, as the pipeline says,
+any category flagged (`flagged_by: thresholds`) or the result taken by a route
+(`flagged_by: routes`, optionally only the routes named in `flag_routes`).
+
+OpenAI's thirteen categories are always present, because the SDK's models require each: one
+no question maps to is not flagged, scores 0 and applies to no input type (`[]`): it was not
+asked. A category of a name of its own is added beside them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas._common import WireModel
+from schemas.result import ClassificationResult, YesNoAnswer
+
+__all__ = [
+    "OPENAI_CATEGORIES",
+    "ModerationOptions",
+    "ModerationResponse",
+    "ModerationResult",
+    "to_moderation",
+]
+
+# The categories of OpenAI's moderation response (the openai SDK's `Categories`, 2026).
+OPENAI_CATEGORIES: tuple[str, ...] = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/instructions",
+    "self-harm/intent",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
+# Routes that do not flag: the results no route took, and those sent to a reply topic.
+_NOT_A_ROUTE = ("default", "reply")
+
+
+class ModerationOptions(BaseModel):
+    """How a pipeline writes `openai_moderation` results."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Category -> the yes/no question whose p_yes is its score. Empty: every yes/no question
+    # answered is a category of its own id.
+    categories: dict[str, str] = Field(default_factory=dict)
+    # A category is flagged when its score is at least its threshold (this one unless
+    # `thresholds` names it). 0.5: the yes/no answer itself.
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    # "thresholds": flagged when any category is; "routes": when a route took the result.
+    flagged_by: Literal["thresholds", "routes"] = "thresholds"
+    # With flagged_by "routes": only these routes flag (default: any route).
+    flag_routes: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModerationOptions:
+        for name, value in self.thresholds.items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"thresholds.{name}: {value} is not within 0..1")
+        unknown = set(self.thresholds) - set(self.categories) if self.categories else set()
+        if unknown:
+            raise ValueError(f"thresholds name categories not in categories: {sorted(unknown)}")
+        if self.flag_routes is not None and self.flagged_by != "routes":
+            raise ValueError('flag_routes needs flagged_by: "routes"')
+        return self
+
+
+class ModerationResult(WireModel):
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    category_applied_input_types: dict[str, list[Literal["text"]]]
+
+
+class ModerationResponse(WireModel):
+    """One result in OpenAI's moderation response shape."""
+
+    id: str = Field(description="The request's id.")
+    model: str = Field(description="The model that answered (the pipeline's engine model).")
+    results: list[ModerationResult] = Field(min_length=1, max_length=1)
+
+
+def _scores(result: ClassificationResult, options: ModerationOptions) -> dict[str, float | None]:
+    """Category -> p_yes of its question (None: not answered: skipped, or not yes/no)."""
+    mapping = options.categories or {
+        qid: qid for qid, a in result.answers.items() if isinstance(a, YesNoAnswer)
+    }
+    out: dict[str, float | None] = {}
+    for category, qid in mapping.items():
+        answer = result.answers.get(qid)
+        out[category] = answer.p_yes if isinstance(answer, YesNoAnswer) else None
+    return out
+
+
+def to_moderation(
+    result: ClassificationResult, options: ModerationOptions | None = None
+) -> ModerationResponse:
+    """`result` in OpenAI's moderation shape. `flagged_by: routes` reads the route from the
+    result's audit (a result without one is not flagged by a route)."""
+    opts = options or ModerationOptions()
+    scores = _scores(result, opts)
+    names = [*OPENAI_CATEGORIES, *(c for c in scores if c not in OPENAI_CATEGORIES)]
+    categories: dict[str, bool] = {}
+    category_scores: dict[str, float] = {}
+    applied: dict[str, list[Literal["text"]]] = {}
+    for name in names:
+        score = scores.get(name)
+        limit = opts.thresholds.get(name, opts.threshold)
+        categories[name] = score is not None and score >= limit
+        category_scores[name] = 0.0 if score is None else score
+        applied[name] = [] if score is None else ["text"]
+    if opts.flagged_by == "thresholds":
+        flagged = any(categories.values())
+    else:
+        route = result.audit.route if result.audit is not None else "default"
+        wanted = opts.flag_routes
+        flagged = route not in _NOT_A_ROUTE and (wanted is None or route in wanted)
+    return ModerationResponse(
+        id=result.id,
+        model=result.diagnostics.model,
+        results=[
+            ModerationResult(
+                flagged=flagged,
+                categories=categories,
+                category_scores=category_scores,
+                category_applied_input_types=applied,
+            )
+        ],
+    )

@@ -1,0 +1,204 @@
+"""A record batch the worker cannot read, on the real broker (no Ray): one whose bytes were
+damaged in the log segment (it fails its CRC), and one in a codec whose library this
+process lacks. The worker stops with the cause and the place; what came before the batch
+is answered and committed, the group's offset stands at the batch, nothing is
+dead-lettered or skipped; `dgstream skip-batch` moves the offset past it on request, and
+the next worker answers what follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support import segments
+from waiting import wait_for
+from worker_helpers import Pipeline, WorkerThread, request_bytes
+
+from infra.kafka.broker import BrokerInfo
+from workers.kafka_admin import ensure_topics
+from workers.kafka_settings import KafkaConnection
+from workers.poll_errors import UnreadableBatch
+
+pytestmark = pytest.mark.broker
+
+BEFORE, INSIDE, AFTER = 3, 4, 3  # requests before the bad batch, in it, after it
+
+
+@pytest.fixture
+def one_partition(
+    kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
+) -> Iterator[Pipeline]:
+    p = Pipeline(
+        kafka_connection,
+        input=unique_name("in"),
+        output=unique_name("out"),
+        dead=unique_name("dlq"),
+        group=unique_name("g"),
+    )
+    ensure_topics(kafka_connection, {p.input: 1, p.output: 1, p.dead: 1})
+    try:
+        yield p
+    finally:
+        for r in p.readers:
+            r.close()
+
+
+def _send(p: Pipeline, ids: list[str], *, one_batch: bool, codec: str | None = None) -> None:
+    """Each request its own batch, or all of them in one (of `codec`)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(
+        **p.conn.client_kwargs(),
+        acks="all",
+        linger_ms=1000 if one_batch else 0,
+        compression_type=codec,
+    )
+    try:
+        futures = [
+            producer.send(p.input, key=rid.encode(), value=request_bytes(rid, i))
+            for i, rid in enumerate(ids)
+        ]
+        if not one_batch:
+            for f in futures:
+                f.get(timeout=60)
+        producer.flush(60)
+        for f in futures:
+            f.get(timeout=60)
+    finally:
+        producer.close()
+
+
+def _produce_around_a_batch(p: Pipeline, codec: str | None = None) -> dict[str, list[str]]:
+    ids = {
+        "before": [f"b{i}" for i in range(BEFORE)],
+        "inside": [f"x{i}" for i in range(INSIDE)],
+        "after": [f"a{i}" for i in range(AFTER)],
+    }
+    _send(p, ids["before"], one_batch=False)
+    _send(p, ids["inside"], one_batch=True, codec=codec)
+    _send(p, ids["after"], one_batch=False)
+    return ids
+
+
+def _failed(p: Pipeline, threads: list[WorkerThread]) -> UnreadableBatch:
+    worker = WorkerThread(p.settings()).start()
+    threads.append(worker)
+    wait_for(lambda: worker.error is not None, 90, "the worker to stop at the batch")
+    worker.join()
+    assert isinstance(worker.error, UnreadableBatch), repr(worker.error)
+    assert worker.worker.status()["state"] == "failed"
+    return worker.error
+
+
+def _check_stopped_at_the_batch(p: Pipeline, ids: dict[str, list[str]], err: Any) -> None:
+    assert (err.topic, err.partition, err.offset) == (p.input, 0, BEFORE), err.as_dict()
+    # What came before is answered and committed; the offset stands at the batch.
+    out = p.reader()
+    out.read_to_end()
+    assert sorted(out.keys()) == sorted(ids["before"])
+    assert p.committed() == {0: BEFORE}
+    dead = p.reader(p.dead)
+    dead.read_to_end()
+    assert dead.records == []
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """`dgstream ARGS` in this process (no Ray involved): (status, stdout, stderr). Plain
+    buffers, not pytest's capture: a logger set up meanwhile keeps its stream, and pytest
+    closes its own after the test."""
+    import contextlib
+    import io
+
+    from topology.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _skip_and_resume(
+    p: Pipeline,
+    ids: dict[str, list[str]],
+    threads: list[WorkerThread],
+    bootstrap: str,
+) -> None:
+    base = ("skip-batch", p.group, p.input, "0")
+    # The offset named must be where the group stands.
+    rc, _, err = _cli(*base, str(BEFORE + 1), "--bootstrap", bootstrap)
+    assert rc == 2 and f"at {BEFORE}, not {BEFORE + 1}" in err, err
+    rc, out, err = _cli(*base, str(BEFORE), "--bootstrap", bootstrap, "--dry-run")
+    assert rc == 0, err
+    assert f"offsets {BEFORE}..{BEFORE + INSIDE - 1} ({INSIDE} record(s)" in out
+    assert p.committed() == {0: BEFORE}
+    # The group must be empty: with a member in it (here one reading another topic),
+    # nothing moves.
+    from kafka import KafkaConsumer
+
+    from workers.kafka_admin import subscribe_known
+
+    member = KafkaConsumer(group_id=p.group, **p.conn.client_kwargs())
+    subscribe_known(member, [p.output])
+    try:
+        wait_for(lambda: member.poll(timeout_ms=200) is not None and p.members() == 1, 60, "")
+        rc, _, err = _cli(*base, str(BEFORE), "--bootstrap", bootstrap)
+    finally:
+        member.close(autocommit=False)
+    assert rc == 2 and "member" in err, err
+    assert p.committed() == {0: BEFORE}
+    rc, out, err = _cli(*base, str(BEFORE), "--bootstrap", bootstrap)
+    assert rc == 0 and f"{INSIDE} record(s) skipped" in out, err
+    assert p.committed() == {0: BEFORE + INSIDE}
+    # The next worker answers what follows; the skipped records never are.
+    worker = WorkerThread(p.settings()).start()
+    threads.append(worker)
+    out = p.reader()
+    out.read_until(lambda r: set(ids["after"]) <= set(r.keys()), 90, "the records after")
+    worker.worker.drain(30)
+    out.read_to_end()
+    assert not set(out.keys()) & set(ids["inside"])
+    assert p.committed() == {0: BEFORE + INSIDE + AFTER}
+
+
+def test_a_corrupt_batch_stops_the_worker_and_is_skipped_only_on_request(
+    one_partition: Pipeline,
+    worker_threads: list[WorkerThread],
+    kafka_broker: BrokerInfo,
+) -> None:
+    p = one_partition
+    ids = _produce_around_a_batch(p)
+    data = kafka_broker.nodes[0].data_dir
+    (bad,) = [b for b in segments.batches(data, p.input, 0) if b.base_offset == BEFORE]
+    assert bad.last_offset == BEFORE + INSIDE - 1  # the premise: one batch of INSIDE records
+    segments.corrupt(bad)
+    err = _failed(p, worker_threads)
+    assert err.cause == "CORRUPT_BATCH", err.as_dict()
+    assert "crc" in err.detail.lower()
+    _check_stopped_at_the_batch(p, ids, err)
+    _skip_and_resume(p, ids, worker_threads, kafka_broker.bootstrap)
+
+
+def test_a_codec_this_process_lacks_is_named(
+    one_partition: Pipeline,
+    worker_threads: list[WorkerThread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kafka.codec
+
+    p = one_partition
+    ids = _produce_around_a_batch(p, codec="snappy")
+    # As kafka-python sees a process without python-snappy (its has_snappy() test).
+    monkeypatch.setattr(kafka.codec, "snappy", None)
+    err = _failed(p, worker_threads)
+    assert err.cause == "UNSUPPORTED_CODEC", err.as_dict()
+    assert "snappy" in err.detail
+    _check_stopped_at_the_batch(p, ids, err)
+    # With the library back, the same batch is read: nothing was skipped.
+    monkeypatch.undo()
+    worker = WorkerThread(p.settings()).start()
+    worker_threads.append(worker)
+    out = p.reader()
+    want = {k for v in ids.values() for k in v}
+    out.read_until(lambda r: want <= set(r.keys()), 90, "every request answered")
