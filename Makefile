@@ -69,9 +69,10 @@ mutation: setup
 demo: setup
 	$(BIN)/dgstream demo --events $(EVENTS)
 
-# Rewrites the worker-overhead section of docs/benchmarks.md with this machine's figures.
+# Rewrites the worker-overhead section of docs/benchmarks.md with this machine's figures
+# (a checkout's benchmark: it starts the checkout's broker and writes the checkout's docs).
 bench: setup
-	$(BIN)/dgstream bench --write
+	$(BIN)/python bench/worker_overhead.py
 
 clean:
 	-$(BIN)/dgstream broker stop --delete-data

@@ -34,9 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.reads import make_reads
 from workers.engine.hf_backend import TransformersEngine
 from workers.engine.models import TINY_RANDOM, full_size_config, tiny_config
-from workers.engine.types import Read, Slot
+from workers.engine.types import Read
 
 
 def sync() -> None:
@@ -90,23 +91,6 @@ def active_params(model: Any) -> tuple[int, int]:
         total += n
         active += n * tc.top_k_experts // tc.num_experts if ".experts." in name else n
     return total, active
-
-
-def make_reads(
-    b: int, prompt_len: int, canvas: int, shared: int, vocab: int, rng: random.Random
-) -> list[Read]:
-    prefix = tuple(rng.randrange(16, vocab) for _ in range(shared))
-    slots = (
-        Slot("toxic", 2, (100, 101), ("yes", "no")),
-        Slot("category", 6, (200, 201, 202, 203), ("A", "B", "C", "D")),
-        Slot("severity", 10, (300, 301, 302, 303, 304), ("1", "2", "3", "4", "5")),
-    )
-    reads = []
-    for _ in range(b):
-        prompt = prefix + tuple(rng.randrange(16, vocab) for _ in range(prompt_len - shared))
-        canvas_ids = tuple(rng.randrange(0, vocab) for _ in range(canvas))
-        reads.append(Read(prompt, canvas_ids, slots, shared_prefix_len=shared))
-    return reads
 
 
 COMMAND = (

@@ -177,7 +177,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(engine: Any, args: argparse.Namespace, vocab: int) -> list[dict[str, Any]]:
-    from bench.engine_gpu import make_reads
+    from bench.reads import make_reads
 
     rng = random.Random(0)
     rows: list[dict[str, Any]] = []
@@ -223,7 +223,7 @@ async def measure(engine: Any, args: argparse.Namespace, vocab: int) -> list[dic
 
 async def profile(engine: Any, args: argparse.Namespace, vocab: int) -> None:
     """One torch-profiled batch of each kind (vLLM writes the traces and CUDA-time tables)."""
-    from bench.engine_gpu import make_reads
+    from bench.reads import make_reads
 
     rng = random.Random(1)
     llm = engine._engine

@@ -8,6 +8,10 @@ killed by a new test or explained there.
 
     python -m bench.mutation_score           # the table, and the survivors not yet explained
     python -m bench.mutation_score --write   # also rewrites its section of docs/benchmarks.md
+
+A run of some modules only (`mutmut run "workers.stream.recovery*"`) leaves the others'
+mutants without a verdict: their rows are kept as docs/benchmarks.md shows them, with the
+date they were measured, and only the modules this run reached get today's.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from bench.report import write_section
+from bench.report import DOC, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
@@ -53,6 +57,12 @@ def modules() -> list[str]:
 def verdicts(module: str) -> dict[str, int | None]:
     meta = json.loads((MUTANTS / f"{module}.meta").read_text())
     return dict(meta["exit_code_by_key"])
+
+
+def measured(module: str) -> bool:
+    """Whether this mutants/ holds a verdict for some mutant of `module`."""
+    meta = MUTANTS / f"{module}.meta"
+    return meta.exists() and any(code is not None for code in verdicts(module).values())
 
 
 def equivalents() -> set[str]:
@@ -105,6 +115,7 @@ class Score:
     equivalent: int
     not_run: int
     other: int
+    when: str = ""  # the date it was measured (ISO)
 
     @property
     def score(self) -> float:
@@ -141,19 +152,47 @@ def score(module: str, equivalent: set[str]) -> tuple[Score, list[str]]:
         kinds["equivalent"],
         kinds["not_run"],
         kinds["other"],
+        date.today().isoformat(),
     )
     return s, unexplained
 
 
+_ROW = re.compile(r"^\| `(?P<module>[^`]+)` \|(?P<cells>.*)\|\s*$")
+_HEADER_DATE = re.compile(r"^## Mutation score: mutmut [\d.]+ \((?P<date>[\d-]+)\)", re.M)
+
+
+def shown(doc: Path = DOC) -> dict[str, Score]:
+    """The rows the page's mutation table shows now, by module (a row without a date of
+    its own was measured on the date of the section's heading)."""
+    text = doc.read_text() if doc.exists() else ""
+    start, end = text.find("<!-- mutation:start -->"), text.find("<!-- mutation:end -->")
+    section = text[start:end] if start >= 0 else ""
+    heading = _HEADER_DATE.search(section)
+    out = {}
+    for line in section.splitlines():
+        m = _ROW.match(line)
+        if m is None:
+            continue
+        cells = [c.strip() for c in m["cells"].split("|")]
+        total, killed, equivalent, survived, not_run = (int(c) for c in cells[:5])
+        when = cells[7] if len(cells) > 7 else (heading["date"] if heading else "")
+        other = total - killed - equivalent - survived - not_run
+        out[m["module"]] = Score(
+            m["module"], total, killed, survived, equivalent, not_run, other, when
+        )
+    return out
+
+
 def table(scores: list[Score]) -> str:
     rows = [
-        "| module | mutants | killed | equivalent | survived | no test | score | of the rest |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| module | mutants | killed | equivalent | survived | no test | score | of the rest "
+        "| measured |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for s in scores:
         rows.append(
             f"| `{s.module}` | {s.total} | {s.killed} | {s.equivalent} | {s.survived} | "
-            f"{s.not_run} | {s.score:.1%} | {s.of_non_equivalent:.1%} |"
+            f"{s.not_run} | {s.score:.1%} | {s.of_non_equivalent:.1%} | {s.when} |"
         )
     return "\n".join(rows)
 
@@ -162,7 +201,7 @@ def section(scores: list[Score]) -> str:
     total = sum(s.total for s in scores)
     killed = sum(s.killed for s in scores)
     lines = [
-        f"## Mutation score: mutmut 3.8.1 ({date.today().isoformat()})",
+        f"## Mutation score: mutmut 3.8.1 ({max(s.when for s in scores)})",
         "",
         "`make mutation` (not in CI: about an hour and a half on 2 cores, one mutmut worker at",
         "nice 10):",
@@ -173,7 +212,8 @@ def section(scores: list[Score]) -> str:
         "A mutant is killed when a test fails. Equivalent mutants (no behaviour can tell them",
         "from the code) are listed, each with why, in `docs/mutation.md`. mutmut leaves",
         "decorated functions alone (pydantic validators, properties): the refusal tests in",
-        "tests/schemas/test_schemas.py cover those.",
+        "tests/schemas/test_schemas.py cover those. A module's row is from the run of the",
+        "date it shows (a run of some modules keeps the other rows).",
         "",
         table(scores),
         "",
@@ -187,8 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="rewrite docs/benchmarks.md's section")
     args = ap.parse_args(argv)
     equivalent = equivalents()
+    before = shown()
     scores = []
     for module in modules():
+        if not measured(module) and module in before:
+            scores.append(before[module])  # not reached by this run: as the page shows it
+            continue
         s, unexplained = score(module, equivalent)
         scores.append(s)
         for name in unexplained:

@@ -325,32 +325,6 @@ def _failing_text(failing: list[dict[str, Any]]) -> str:
     return str(text)
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    import runpy
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "bench" / "worker_overhead.py"
-    passed = [
-        *(["--bootstrap", args.bootstrap] if args.bootstrap else []),
-        *(["--messages", str(args.messages)] if args.messages else []),
-        *(["--repeat", str(args.repeat)] if args.repeat else []),
-        *([] if args.write else ["--no-write"]),
-    ]
-    sys.argv = [str(script), *passed]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:  # the script ends with sys.exit(main())
-        if exc.code not in (None, 0):
-            return exc.code if isinstance(exc.code, int) else 1
-    doc = script.parents[1] / "docs" / "benchmarks.md"
-    if args.write:
-        print(f"wrote the worker-overhead section of {doc}")
-    else:
-        print(f"{doc} left as it was (--write updates its worker-overhead section)")
-    print("GPU figures: see docs/benchmarks.md (bench/engine_gpu.py on the GPU machine)")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dgstream",
@@ -426,18 +400,6 @@ def build_parser() -> argparse.ArgumentParser:
     skip_batch.register(sub)
     decisions.register(sub)
 
-    p_bench = sub.add_parser(
-        "bench", help="run the CPU benchmark (worker overhead) and print its figures"
-    )
-    p_bench.add_argument("--bootstrap", default=None, help="an existing broker")
-    p_bench.add_argument("--messages", type=int, default=None)
-    p_bench.add_argument("--repeat", type=int, default=None)
-    p_bench.add_argument(
-        "--write",
-        action="store_true",
-        help="also rewrite the worker-overhead section of docs/benchmarks.md",
-    )
-    p_bench.set_defaults(func=_cmd_bench)
     return parser
 
 

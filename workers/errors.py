@@ -1,9 +1,10 @@
 """The worker's own failures (engine and input errors are in `workers.engine.types` and
-`schemas.errors`)."""
+`schemas.errors`). What each of them makes the worker do is one table:
+`workers.stream.actions`."""
 
 from __future__ import annotations
 
-__all__ = ["CommitRefused", "OutputFailed", "Redo", "WorkerFailed"]
+__all__ = ["CommitRefused", "OutputFailed", "SendFailed", "WorkerFailed"]
 
 
 class WorkerFailed(RuntimeError):
@@ -18,17 +19,21 @@ class CommitRefused(Exception):
     and read again from the committed offsets; the member itself carries on."""
 
 
-class OutputFailed(CommitRefused):
-    """Exactly-once: an output of the open transaction failed, so the transaction cannot
-    be committed; it is aborted (if that fails too, the producer is unusable: the worker
-    fails) and `cause` is handled as any produce error."""
+class SendFailed(Exception):
+    """An output of a batch could not be sent: the broker refused it, or kafka-python
+    refused to send it. `cause` is the client's error; whether waiting may cure it (an
+    outage) or the batch is read again at once (the output check then refuses the record
+    that does not fit) is the error table's call."""
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"an output of the transaction failed: {type(cause).__name__}: {cause}")
+    def __init__(self, cause: BaseException, what: str = "an output failed") -> None:
+        super().__init__(f"{what}: {type(cause).__name__}: {cause}")
         self.cause = cause
 
 
-class Redo(Exception):
-    """A batch is to be read again at once: the broker refused one of its outputs (too
-    large, a reply topic it may not write); that record is dead-lettered the next time,
-    its neighbours answered."""
+class OutputFailed(SendFailed):
+    """Exactly-once: an output of the open transaction failed, found when committing it,
+    so the transaction cannot be committed; it is aborted (if that fails too, the producer
+    is unusable: the worker fails) and `cause` is handled as any failed send."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(cause, "an output of the transaction failed")

@@ -19,6 +19,7 @@ from typing import Any
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 
 from workers.errors import WorkerFailed
+from workers.kafka_quirks import fetching_partition
 
 __all__ = ["CAUSES", "UnreadableBatch", "unreadable_batch"]
 
@@ -86,15 +87,11 @@ def _cause(exc: BaseException) -> str | None:
 
 
 def _failing_partition(consumer: Any, exc: BaseException) -> tuple[str | None, int | None]:
-    """The partition whose batch raised: the one kafka-python was unpacking (its fetcher's
-    records in line: private, so looked up defensively), else the one the CRC message
-    names."""
-    fetcher = getattr(consumer, "_fetcher", None)
-    for attr in ("_next_partition_records", "_next_in_line_exception_metadata"):
-        held = getattr(fetcher, attr, None)
-        tp = getattr(held, "topic_partition", None) or getattr(held, "partition", None)
-        if tp is not None and hasattr(tp, "topic"):
-            return str(tp.topic), int(tp.partition)
+    """The partition whose batch raised: the one kafka-python was unpacking
+    (`workers.kafka_quirks.fetching_partition`), else the one the CRC message names."""
+    found = fetching_partition(consumer)
+    if found is not None:
+        return found
     m = _CRC_WHERE.search(str(exc))
     if m:
         return m["topic"], int(m["partition"])

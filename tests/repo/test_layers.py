@@ -6,7 +6,10 @@ from the files, and none crosses a line the architecture draws.
   contract and libraries);
 - the worker (`workers/`) imports neither `topology/` nor `bench/`;
 - `infra/` imports neither `topology/` nor `bench/`;
-- nothing the product ships imports `bench/` or `tests/`.
+- nothing the product ships imports `bench/` or `tests/`;
+- no import circle inside `workers/` (through function-level imports and packages' __init__
+  too), and the stream worker's roles (`workers/stream/`) import none of each other: only
+  the consume loop and the facade (`workers/worker.py`) know them all.
 """
 
 from __future__ import annotations
@@ -97,3 +100,171 @@ def test_tests_stand_alone() -> None:
         for rel, names in _modules(package).items():
             crossings += [f"{rel}: import {n}" for n in sorted(names) if _under(n, "support")]
     assert not crossings, "\n".join(crossings)
+
+
+# ------------------------------------------------------------------ no circles in workers/
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _typing_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): a block that never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` outside `if TYPE_CHECKING:` blocks (their `else` runs)."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if _typing_only(node):
+            assert isinstance(node, ast.If)
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of `known` that `path` imports when it runs, at module level or inside a
+    function (not under `if TYPE_CHECKING:`, which never runs): `from a.b import c` is a.b.c
+    when that is a module, else a.b; importing a module runs its packages' __init__ first,
+    so those count too."""
+    tree = ast.parse(path.read_text(), str(path))
+    named: set[str] = set()
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                named.add(sub if sub in known else node.module)
+    out: set[str] = set()
+    for name in named:
+        parts = name.split(".")
+        out.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p in known)
+    return out
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (itself and its own packages left out:
+    a module does not import the package it is in)."""
+    files = {_module_name(root, p): p for p in sorted((root / package).rglob("*.py"))}
+    files = {m: p for m, p in files.items() if "__pycache__" not in p.parts}
+    known = set(files)
+    graph = {}
+    for module, path in files.items():
+        own = {module, *(module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1))}
+        graph[module] = _imported_modules(path, known) - own
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (its modules in order, the first repeated at the end),
+    or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_no_import_circle_inside_workers() -> None:
+    """The worker's modules import each other in one direction only: the stream roles talk
+    through what the facade hands them (workers.stream.shared, the error table), not by
+    importing each other in a circle."""
+    cycle = find_cycle(import_graph(ROOT, "workers"))
+    assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
+    """The check is not vacuous: a circle through a function-level import, a `from
+    package import module` and a package's __init__ is found."""
+    pkg = tmp_path / "workers"
+    (pkg / "stream").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stream" / "__init__.py").write_text("from workers.stream.b import x\n")
+    (pkg / "stream" / "a.py").write_text("def f():\n    from workers import c\n")
+    (pkg / "stream" / "b.py").write_text("x = 1\n")
+    (pkg / "c.py").write_text("import workers.stream.b\n")
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers import c\n"
+        "else:\n    import json\n"
+    )
+    (pkg / "e.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import workers.d\n")
+    graph = import_graph(tmp_path, "workers")
+    assert graph["workers.c"] == {"workers.stream", "workers.stream.b"}
+    assert graph["workers.d"] == set() and graph["workers.e"] == set()  # typing only
+    assert find_cycle(graph) is None  # b imports nothing back
+    (pkg / "stream" / "b.py").write_text("from workers.stream.a import f\n")
+    cycle = find_cycle(import_graph(tmp_path, "workers"))
+    assert cycle is not None and cycle[0] == cycle[-1]
+    assert {"workers.stream.a", "workers.c", "workers.stream.b"} <= set(cycle)
+
+
+# The roles of workers/stream/; each imports only the shared state and the error table of
+# that package (the loop conducts them, the facade builds them).
+_ROLES = ("intake", "ownership", "engine_stage", "recovery", "delivery")
+
+
+def test_the_stream_roles_do_not_import_each_other() -> None:
+    graph = import_graph(ROOT, "workers")
+    roles = {f"workers.stream.{r}" for r in _ROLES}
+    assert roles <= set(graph), sorted(roles - set(graph))
+    crossings = [
+        f"{m} imports {sorted(graph[m] & roles)}" for m in sorted(roles) if graph[m] & roles
+    ]
+    assert not crossings, "\n".join(crossings)
+    knows_them = sorted(m for m, names in graph.items() if names & roles)
+    assert knows_them == ["workers.stream.loop", "workers.worker"], knows_them
+
+
+# ------------------------------------------------------------------ the worker's shape
+
+# What a new engineer can hold in their head: the facade stays short (the roles are
+# workers/stream/'s modules) and no class of the worker grows a crowd of methods.
+_FACADE_LINES = 300
+_METHODS_PER_CLASS = 20
+
+
+def test_the_worker_facade_is_short_and_no_worker_class_is_crowded() -> None:
+    lines = len((ROOT / "workers" / "worker.py").read_text().splitlines())
+    assert lines <= _FACADE_LINES, f"workers/worker.py has {lines} lines"
+    crowded = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                # (mutmut's copy of the source, mutants/, holds a method per mutant)
+                defs = [
+                    d
+                    for d in node.body
+                    if isinstance(d, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and "__mutmut_" not in d.name
+                ]
+                if len(defs) > _METHODS_PER_CLASS:
+                    crowded.append(f"{path.relative_to(ROOT)}: {node.name} has {len(defs)} methods")
+    assert not crowded, "\n".join(crowded)

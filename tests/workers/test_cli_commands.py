@@ -114,18 +114,6 @@ def test_ask_takes_a_jev_body_without_id_as_the_worker_does() -> None:
     assert json.loads(other.stdout)["id"] != result["id"]
 
 
-@pytest.mark.slow
-def test_bench_runs_and_reports_ratios_and_writes_only_when_told(pipeline: Pipeline) -> None:
-    boot = ",".join(pipeline.conn.bootstrap_servers)
-    doc = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
-    before = doc.read_bytes()
-    out = run_cli("bench", "--bootstrap", boot, "--messages", "600", "--repeat", "1", timeout=600)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "stream worker" in out.stdout and "plain" in out.stdout
-    assert "left as it was (--write updates" in out.stdout
-    assert doc.read_bytes() == before
-
-
 def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline) -> None:
     """Jev's bodies have no id: produce accepts them and sends them without a key (the
     worker names them by topic-partition-offset); tail shows a Jev-format result under its

@@ -260,7 +260,7 @@ def test_a_transaction_in_an_abortable_error_state_is_aborted_and_read_again(
 
     _, engine, wt, reader, ids = _a_batch_held_after_the_first(pipeline, worker_threads)
     # Put the transaction in error, then let the held batch send.
-    manager = wt.worker._producer._transaction_manager
+    manager = wt.worker._delivery.producer._transaction_manager
     manager.transition_to_abortable_error(KafkaError("a record of the transaction failed"))
     engine.gate.set()
     _exactly_once(reader, ids, pipeline)

@@ -34,16 +34,17 @@ def test_a_worker_commits_nothing_while_its_rejoin_is_pending(
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
     from workers.kafka_admin import subscribe_known
+    from workers.kafka_quirks import rejoin_pending
 
     wt = WorkerThread(pipeline.settings())
     in_a_rejoin = threading.Event()  # a commit started while the worker's join was pending
 
     def slow_commits() -> None:
-        committer = wt.worker._committer
+        committer = wt.worker._delivery.committer
         inner = committer.commit
 
         def commit(*args: Any, **kwargs: Any) -> Any:
-            if wt.worker._rejoin_pending():
+            if rejoin_pending(wt.worker._consumer):
                 in_a_rejoin.set()
             time.sleep(_SLOW_COMMIT_S)  # a slow dependency, not a wait on a condition
             return inner(*args, **kwargs)

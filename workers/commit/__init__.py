@@ -5,7 +5,6 @@ from workers.commit.committers import (
     Committer,
     ExactlyOnceCommitter,
     Marks,
-    fenced,
 )
 from workers.commit.offsets import OffsetTracker, Ready, commit_offsets
 
@@ -17,5 +16,4 @@ __all__ = [
     "OffsetTracker",
     "Ready",
     "commit_offsets",
-    "fenced",
 ]

@@ -24,6 +24,7 @@ from kafka.errors import (
 from workers.batches import Batch, Output
 from workers.commit.offsets import Ready, commit_offsets
 from workers.errors import CommitRefused, OutputFailed, WorkerFailed
+from workers.kafka_quirks import drop_refused_offsets
 
 __all__ = ["AtLeastOnceCommitter", "Committer", "ExactlyOnceCommitter", "bounded"]
 
@@ -211,7 +212,7 @@ class ExactlyOnceCommitter:
                 # 3. The offsets into the same transaction, with the member id and
                 #    generation, so the coordinator refuses them from a zombie.
                 if offsets:
-                    _drop_refused_offsets(self._producer)
+                    drop_refused_offsets(self._producer)
                     self._call(
                         lambda: self._producer.send_offsets_to_transaction(offsets, meta),
                         "send_offsets_to_transaction",
@@ -297,27 +298,3 @@ class ExactlyOnceCommitter:
 
     def _call(self, call: Callable[[], Any], what: str) -> Any:
         return bounded(call, self._timeout_s, what)
-
-
-def _drop_refused_offsets(producer: Any) -> None:
-    """Forget the offsets an earlier transaction left pending in kafka-python's transaction
-    manager. kafka-python 3.0 removes a partition's pending offset only when the coordinator
-    accepts it; offsets it refused (a stale member or generation) stay, the transaction is
-    aborted, and the next transaction's TxnOffsetCommit sends them again with its own, so a
-    transaction commits offsets of records it never read. By the time this transaction adds
-    its offsets the earlier ones have ended (committed: none pending; aborted: stale)."""
-    manager: Any = getattr(producer, "_transaction_manager", None)
-    pending = getattr(manager, "_pending_txn_offset_commits", None)
-    if pending:  # a kafka-python without this private state: nothing to drop
-        with manager._lock:  # kafka-python's own, taken by its sender thread too
-            pending.clear()
-
-
-def fenced(producer: Any) -> bool:
-    """Whether a transactional producer was fenced: kafka-python's transaction manager went
-    fatal with ProducerFencedError (another producer initialised the same transactional
-    id). kafka-python says so only in its private state; the refusals it raises after that
-    are plain KafkaErrors naming the error in their text."""
-    manager = getattr(producer, "_transaction_manager", None)
-    error = getattr(manager, "last_error", None)
-    return isinstance(error, ProducerFencedError) or error is ProducerFencedError

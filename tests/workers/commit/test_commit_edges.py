@@ -6,7 +6,6 @@ edges (partitions it never saw). Broker-free, with the fakes of `tests/kafka_fak
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from kafka.structs import OffsetAndMetadata
 from kafka_fakes import Calls, FakeConsumer, FakeProducer
 
 from workers.batches import Batch, Entry, Output
-from workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker, fenced
+from workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
 from workers.commit.committers import CallTimedOut, bounded
 from workers.errors import CommitRefused, OutputFailed, WorkerFailed
 
@@ -232,26 +231,6 @@ def test_forgetting_counts_every_batch_and_tolerates_partitions_never_seen() -> 
     assert t.in_flight == 0
 
 
-@pytest.mark.parametrize(
-    ("last_error", "expected"),
-    [
-        (ProducerFencedError(), True),
-        (ProducerFencedError, True),
-        (KafkaError("an abortable error"), False),
-        (None, False),
-    ],
-    ids=["fenced", "fenced-class", "abortable", "no-error"],
-)
-def test_a_fenced_producer_is_told_from_other_producer_errors(
-    last_error: Any, expected: bool
-) -> None:
-    """Only a fenced producer must not be replaced (the new one would fence the newer
-    incarnation); other fatal states are cured by a new producer."""
-    producer = SimpleNamespace(_transaction_manager=SimpleNamespace(last_error=last_error))
-    assert fenced(producer) is expected
-    assert fenced(SimpleNamespace()) is False  # not transactional: never fenced
-
-
 def test_a_fenced_commit_stops_the_worker_naming_the_fence() -> None:
     calls, _, committer, tracker = _eos()
     calls.fail["commit_transaction"] = ProducerFencedError()
@@ -285,16 +264,3 @@ def test_offsets_the_coordinator_refused_do_not_ride_with_the_next_transaction()
     committer.send(later, [Output("out", b"k", b"v", [], later.entries[0], None)])
     assert committer.commit(fresh.ready) == {T1: (10, 1)}
     assert {tp: m.offset for tp, m in fake.offsets.items()} == {T1: 10}
-
-
-def test_a_producer_without_kafka_pythons_pending_offsets_has_none_to_drop() -> None:
-    """Dropping refused offsets reads kafka-python's private state; a producer without it
-    (another kafka-python, or none pending) is left alone instead of failing the commit."""
-    from workers.commit.committers import _drop_refused_offsets
-
-    for producer in (SimpleNamespace(), SimpleNamespace(_transaction_manager=SimpleNamespace())):
-        _drop_refused_offsets(producer)  # no AttributeError
-    pending = {T0: OffsetAndMetadata(3, "", -1)}
-    manager = SimpleNamespace(_pending_txn_offset_commits=pending, _lock=threading.Lock())
-    _drop_refused_offsets(SimpleNamespace(_transaction_manager=manager))
-    assert pending == {} and not manager._lock.locked()

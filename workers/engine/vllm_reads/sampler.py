@@ -20,7 +20,7 @@ reads allocates and `gpu_memory_utilization` sizes the KV cache around it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,7 +28,6 @@ from vllm.logger import init_logger
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
-from workers.engine.vllm_reads.model import DgModelState
 from workers.engine.vllm_reads.options import vocab_tile_rows
 from workers.engine.vllm_reads.plan import StepPlan, plan_step
 from workers.engine.vllm_reads.rows import (
@@ -39,6 +38,9 @@ from workers.engine.vllm_reads.rows import (
     to_device,
     vocab_rows,
 )
+
+if TYPE_CHECKING:  # model.py builds this sampler: a runtime import would be a circle
+    from workers.engine.vllm_reads.model import DgModelState
 
 logger = init_logger(__name__)
 

@@ -1,0 +1,351 @@
+"""Intake without a broker: how long and how much it polls, what it does while every slot
+is taken, how it fills and parses the batch being filled, and when that batch is due. A
+fake consumer (`stream_fakes.FakeConsumer`) records the polls and seeks."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from kafka.errors import KafkaTimeoutError
+from kafka.structs import OffsetAndMetadata
+from stream_fakes import T0, T1, FakeConsumer, Rec, RecordingLog, batch, shared
+
+from schemas import ErrorCode
+from workers.outage import Outage
+from workers.settings import Batching
+from workers.stream.intake import FULL_POLL_EVERY_S, IDLE_POLL_MS, REJOIN_POLL_MS, Intake
+from workers.stream.shared import Completions, Shared
+
+pytestmark = pytest.mark.unit
+
+QUESTIONS = {"urgent": {"type": "yes_no", "instructions": "Is it urgent?"}}
+SUSPECT = "dgstream:v1;started=2;alone=0"  # two incarnations died at this offset
+
+
+def _request(rid: str | None = "r1", **extra: Any) -> bytes:
+    body: dict[str, Any] = {"state": "hello", "questions": QUESTIONS, **extra}
+    if rid is not None:
+        body["id"] = rid
+    return json.dumps(body).encode()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _intake(
+    *, batching: Batching | None = None, **overrides: Any
+) -> tuple[Intake, Shared, FakeConsumer, Completions, Clock]:
+    s = shared(batching=batching or Batching(max_records=4, max_wait_ms=50), **overrides)
+    consumer, done, clock = FakeConsumer(), Completions(), Clock()
+    return Intake(s, done, consumer, clock), s, consumer, done, clock
+
+
+def _log(s: Shared) -> RecordingLog:
+    assert isinstance(s.log, RecordingLog)
+    return s.log
+
+
+def _suspect(intake: Intake, consumer: FakeConsumer, tp: Any = T0, at: int = 0) -> None:
+    consumer.offsets[tp] = OffsetAndMetadata(at, SUSPECT, -1)
+    intake.take({tp: [Rec(at, _request())]})
+
+
+# ------------------------------------------------------------------ slots, backpressure
+
+
+def test_a_suspect_partition_leaves_one_slot() -> None:
+    intake, _, consumer, _, _ = _intake(batching=Batching(max_records=4, max_in_flight=3))
+    assert intake.slots() == 3
+    _suspect(intake, consumer)
+    assert intake.slots() == 1
+
+
+def test_full_when_every_slot_is_taken_or_an_outage_holds_new_work() -> None:
+    intake, s, _, _, _ = _intake(batching=Batching(max_records=4, max_in_flight=2))
+    s.offsets.track(batch(1, (T0, 0)))
+    assert not intake.full()
+    s.offsets.track(batch(2, (T0, 1)))
+    assert intake.full()
+    s.offsets.forget({T0})
+    assert not intake.full()
+    s.outage.hit(Outage("engine", "down"))
+    assert intake.full()
+
+
+# ------------------------------------------------------------------ polling
+
+
+def test_an_idle_worker_polls_briefly_for_a_whole_batch() -> None:
+    intake, _, consumer, _, _ = _intake()
+    consumer.feed({T0: [Rec(0)]})
+    assert intake.poll() == {T0: [Rec(0)]}
+    assert consumer.polls == [(IDLE_POLL_MS, 4)]
+
+
+def test_with_work_in_flight_a_poll_waits_up_to_the_batch_wait() -> None:
+    intake, s, consumer, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=70))
+    s.offsets.track(batch(1, (T0, 0)))
+    intake.poll()
+    assert consumer.polls == [(70, 4)]
+
+
+def test_a_batch_being_filled_bounds_the_poll_by_its_remaining_wait_and_room() -> None:
+    intake, s, consumer, _, clock = _intake(batching=Batching(max_records=4, max_wait_ms=1000))
+    s.acc = batch(1, (T0, 0))
+    s.acc.started = clock.now - 0.25
+    intake.poll()
+    assert consumer.polls == [(750, 3)]
+    s.acc.started = clock.now  # just started: the whole wait
+    intake.poll()
+    assert consumer.polls[-1] == (1000, 3)
+    s.acc.started = clock.now - 5  # waited past its bound: do not wait at all
+    intake.poll()
+    assert consumer.polls[-1] == (0, 3)
+
+
+def test_a_full_batch_still_polls_one_record() -> None:
+    intake, s, consumer, _, _ = _intake(batching=Batching(max_records=2, max_wait_ms=1000))
+    s.acc = batch(1, (T0, 0), (T0, 1))
+    intake.poll()
+    assert consumer.polls[-1][1] == 1
+
+
+def test_a_pending_rejoin_makes_the_poll_long_enough_for_it() -> None:
+    intake, _, consumer, _, _ = _intake()
+    consumer.rejoin = True
+    assert intake.rejoin_pending()
+    intake.poll()
+    assert consumer.polls == [(REJOIN_POLL_MS, 4)]
+
+
+def test_a_suspect_partition_polls_one_record_at_a_time() -> None:
+    intake, s, consumer, _, _ = _intake()
+    _suspect(intake, consumer)
+    s.acc = None
+    intake.poll()
+    assert consumer.polls[-1] == (IDLE_POLL_MS, 1)
+
+
+# ------------------------------------------------------------------ while full
+
+
+def test_while_full_it_waits_for_a_completion_without_polling() -> None:
+    intake, _, consumer, done, _ = _intake()
+    intake.poll()  # just polled
+    done.wake()
+    intake.wait_full()
+    assert consumer.polls == [(IDLE_POLL_MS, 4)]
+
+
+def test_while_full_with_nothing_finishing_it_looks_again_after_a_short_wait() -> None:
+    intake, _, consumer, _, _ = _intake()
+    intake.poll()
+    waiting = threading.Thread(target=intake.wait_full, daemon=True)
+    waiting.start()
+    waiting.join(30)  # FULL_WAIT_S, unless the machine stalls for half a minute
+    assert not waiting.is_alive(), "wait_full waited for a completion that never came"
+    assert consumer.polls == [(IDLE_POLL_MS, 4)]
+
+
+def test_while_full_it_still_polls_a_record_now_and_then_and_seeks_back() -> None:
+    intake, s, consumer, done, clock = _intake()
+    clock.now = 0.5  # a clock that started just now: never polled is still long ago
+    consumer.assigned = {T0}
+    consumer.feed({T0: [Rec(7)], T1: [Rec(3)]})  # T1 no longer assigned: left alone
+    done.wake()
+    intake.wait_full()  # never polled yet: more than FULL_POLL_EVERY_S ago
+    assert consumer.polls == [(0, 1)] and consumer.seeks == [(T0, 7)]
+    assert s.assignment == {T0}
+    clock.now += FULL_POLL_EVERY_S - 0.001  # within it: no poll
+    done.wake()
+    intake.wait_full()
+    assert consumer.polls == [(0, 1)]
+    clock.now += 0.001  # FULL_POLL_EVERY_S since the last poll, to the tick
+    done.wake()
+    intake.wait_full()
+    assert consumer.polls == [(0, 1), (0, 1)]
+
+
+def test_while_full_a_pending_rejoin_is_polled_at_once_and_long_enough() -> None:
+    intake, _, consumer, done, _ = _intake()
+    intake.poll()
+    consumer.rejoin = True
+    consumer.feed({T0: [Rec(2), Rec(3)]})
+    done.wake()
+    intake.wait_full()
+    assert consumer.polls[-1] == (REJOIN_POLL_MS, 1) and consumer.seeks == [(T0, 2)]
+
+
+def test_while_full_an_empty_poll_seeks_nothing() -> None:
+    intake, _, consumer, done, _ = _intake()
+    consumer.feed({T0: []})
+    done.wake()
+    intake.wait_full()
+    assert consumer.polls == [(0, 1)] and consumer.seeks == []
+
+
+# ------------------------------------------------------------------ filling the batch
+
+
+def test_records_fill_one_batch_in_order_and_count() -> None:
+    intake, s, consumer, _, clock = _intake()
+    intake.take({T0: [Rec(5, _request("a")), Rec(6, _request("b"))], T1: [Rec(0, _request("c"))]})
+    assert s.acc is not None and s.acc.seq == 1 and s.acc.started == clock.now
+    assert [(e.tp, e.offset) for e in s.acc.entries] == [(T0, 5), (T0, 6), (T1, 0)]
+    assert s.acc.last == {T0: 6, T1: 0}
+    assert s.metrics.consumed == 3 and consumer.seeks == []
+    assert s.offsets.lag_base(T0) == 5 and s.offsets.lag_base(T1) == 0
+    intake.take({T0: [Rec(7, _request("d"))]})
+    assert s.acc.seq == 1 and len(s.acc) == 4 and s.offsets.lag_base(T0) == 5
+    s.acc = None
+    intake.take({T1: [Rec(1, _request("e"))]})
+    assert s.acc is not None and s.acc.seq == 2
+
+
+def test_an_empty_partition_in_a_poll_changes_nothing_of_it() -> None:
+    intake, s, consumer, _, _ = _intake()
+    intake.take({T0: [], T1: [Rec(4, _request())]})
+    assert s.offsets.lag_base(T0) is None and not s.poison.known(T0)
+    assert [lookup[0] for lookup in consumer.lookups] == [T1]
+
+
+def test_a_partitions_first_records_read_and_mark_its_attempt_count() -> None:
+    intake, s, consumer, _, _ = _intake()
+    consumer.offsets[T0] = OffsetAndMetadata(5, "dgstream:v1;started=1;alone=0", -1)
+    intake.take({T0: [Rec(5, _request())]})
+    assert consumer.lookups == [(T0, {"metadata": True, "timeout_ms": 10_000})]
+    intake.take({T0: [Rec(6, _request())]})  # known now: not asked again
+    assert len(consumer.lookups) == 1
+    assert s.acc is not None
+    assert intake.marks_for(s.acc) == {T0: (5, "dgstream:v1;started=2;alone=0")}
+    assert intake.marks_for(s.acc) == {}  # taken once
+    assert _log(s).named("partition_suspect") == []
+
+
+def test_an_unknown_committed_offset_counts_from_scratch_and_says_so() -> None:
+    intake, s, consumer, _, _ = _intake()
+    consumer.offsets[T0] = KafkaTimeoutError("coordinator unknown")
+    intake.take({T0: [Rec(5, _request())]})
+    assert _log(s).named("committed_offset_unknown") == [
+        ("warning", {"partition": "in-0", "error": "KafkaTimeoutError: coordinator unknown"})
+    ]
+    assert s.acc is not None
+    assert intake.marks_for(s.acc) == {T0: (5, "dgstream:v1;started=1;alone=0")}
+
+
+def test_a_suspect_partition_takes_one_record_and_seeks_back_to_the_rest() -> None:
+    intake, s, consumer, _, _ = _intake()
+    consumer.offsets[T0] = OffsetAndMetadata(5, SUSPECT, -1)
+    intake.take({T0: [Rec(5, _request()), Rec(6, _request())], T1: [Rec(0, _request())]})
+    assert s.acc is not None and [e.offset for e in s.acc.entries] == [5]
+    assert consumer.seeks == [(T0, 6), (T1, 0)] and s.metrics.consumed == 1
+    assert _log(s).named("partition_suspect") == [
+        ("warning", {"partition": "in-0", "offset": 5, "seen": SUSPECT})
+    ]
+    intake.take({T0: [Rec(6, _request())]})  # the batch holds one already
+    assert len(s.acc) == 1 and consumer.seeks[-1] == (T0, 6)
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def test_a_good_record_becomes_a_request_named_by_its_key_when_it_has_no_id() -> None:
+    intake, _, _, _, _ = _intake()
+    e = intake.entry(T0, Rec(3, _request(None), key=b"order-9", headers=[("h", b"v")]))
+    assert e.error is None and e.request is not None and e.request.id == "order-9"
+    assert e.fallback_id == "order-9" and e.headers == [("h", b"v")]
+    assert e.value == _request(None)  # the original bytes, for a dead letter
+    assert (e.tp, e.offset, e.key, e.timestamp_ms) == (T0, 3, b"order-9", 1_700_000_000_000)
+    keyless = intake.entry(T1, Rec(8, _request(None)))
+    assert keyless.fallback_id == "in-1-8" and keyless.request is not None
+
+
+def test_a_record_that_is_no_request_carries_its_refusal() -> None:
+    intake, _, _, _, _ = _intake()
+    e = intake.entry(T0, Rec(3, b"not json"))
+    assert e.request is None and e.error is not None and e.error.code is ErrorCode.INVALID_JSON
+    assert intake.entry(T0, Rec(4, None)).error is not None  # a tombstone
+
+
+def test_a_parse_limit_of_the_settings_applies() -> None:
+    from schemas import ParseLimits
+
+    intake, _, _, _, _ = _intake(parse_limits=ParseLimits(max_message_bytes=32))
+    e = intake.entry(T0, Rec(3, _request()))
+    assert e.error is not None and e.error.code is ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_an_unknown_question_set_is_refused_naming_the_pipeline() -> None:
+    intake, _, _, _, _ = _intake(question_sets={"known": QUESTIONS})
+    body = json.dumps({"id": "q1", "state": "s", "question_set": "nope"}).encode()
+    e = intake.entry(T0, Rec(3, body))
+    assert e.request is None and e.error is not None
+    assert e.error.code is ErrorCode.UNKNOWN_QUESTION_SET and e.error.field == "question_set"
+    assert e.error.message == "question_set: no question set named 'nope' in pipeline 'p'"
+    known = json.dumps({"id": "q2", "state": "s", "question_set": "known"}).encode()
+    assert intake.entry(T0, Rec(4, known)).request is not None
+
+
+def test_a_poison_record_is_refused_without_parsing() -> None:
+    intake, s, _, _, _ = _intake()
+    s.poison.first_seen(T0, 5, 5, "dgstream:v1;started=3;alone=2")
+    e = intake.entry(T0, Rec(5, _request()))
+    assert e.request is None and e.error is not None and e.error.code is ErrorCode.POISON
+    assert e.error.message == (
+        "this record was running alone when 2 worker incarnations died (an engine crash "
+        "on it, or the process killed); it is not tried again"
+    )
+    assert e.fallback_id is None
+    assert intake.entry(T0, Rec(6, _request())).request is not None  # only that record
+
+
+# ------------------------------------------------------------------ when a batch is due
+
+
+def test_no_batch_is_due_while_nothing_was_taken() -> None:
+    intake, s, _, _, _ = _intake()
+    assert intake.due() is None
+    s.acc = batch(1)
+    assert intake.due() is None
+
+
+def test_the_batch_goes_at_once_while_the_engine_is_idle() -> None:
+    intake, s, _, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=60_000))
+    s.acc = batch(1, (T0, 0))
+    assert intake.due() is s.acc
+    s.submitted = 1  # the engine is busy with another
+    assert intake.due() is None
+    s.classified = 1
+    assert intake.due() is s.acc
+
+
+def test_a_busy_engine_gets_the_batch_when_it_is_full_or_has_waited() -> None:
+    intake, s, _, _, clock = _intake(batching=Batching(max_records=2, max_wait_ms=60_000))
+    s.submitted = 1
+    s.acc = batch(1, (T0, 0))
+    s.acc.started = clock.now
+    assert intake.due() is None
+    s.acc.add(batch(2, (T0, 1)).entries[0])
+    assert intake.due() is s.acc
+    s.acc = batch(3, (T0, 2))
+    s.acc.started = clock.now - 59.99  # not quite max_wait_ms
+    assert intake.due() is None
+    s.acc.started = clock.now - 60.0  # max_wait_ms, to the tick
+    assert intake.due() is s.acc
+
+
+def test_a_suspect_partitions_record_goes_alone_at_once() -> None:
+    intake, s, consumer, _, _ = _intake(batching=Batching(max_records=4, max_wait_ms=60_000))
+    _suspect(intake, consumer)
+    s.submitted = 1
+    assert intake.due() is s.acc
+    assert s.acc is not None
+    assert intake.marks_for(s.acc) == {T0: (0, "dgstream:v1;started=3;alone=1")}

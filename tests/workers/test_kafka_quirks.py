@@ -1,0 +1,129 @@
+"""The workarounds for kafka-python 3.0's private state (`workers.kafka_quirks`), without a
+broker: each does what it says on the state it reaches into, and nothing (no
+AttributeError) on a client without that state."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kafka import TopicPartition
+from kafka.errors import KafkaError, ProducerFencedError
+from kafka.structs import OffsetAndMetadata
+
+from workers.kafka_quirks import (
+    OFFSET_FETCH_TIMEOUT_MS,
+    committed_offset,
+    drop_refused_offsets,
+    fenced,
+    fetching_partition,
+    no_auto_create,
+    rejoin_pending,
+)
+
+pytestmark = pytest.mark.unit
+
+T0 = TopicPartition("in", 0)
+
+
+@pytest.mark.parametrize(
+    ("last_error", "expected"),
+    [
+        (ProducerFencedError(), True),
+        (ProducerFencedError, True),
+        (KafkaError("an abortable error"), False),
+        (None, False),
+    ],
+    ids=["fenced", "fenced-class", "abortable", "no-error"],
+)
+def test_a_fenced_producer_is_told_from_other_producer_errors(
+    last_error: Any, expected: bool
+) -> None:
+    """Only a fenced producer must not be replaced (the new one would fence the newer
+    incarnation); other fatal states are cured by a new producer."""
+    producer = SimpleNamespace(_transaction_manager=SimpleNamespace(last_error=last_error))
+    assert fenced(producer) is expected
+    assert fenced(SimpleNamespace()) is False  # not transactional: never fenced
+
+
+def test_a_producer_without_kafka_pythons_pending_offsets_has_none_to_drop() -> None:
+    """Dropping refused offsets reads kafka-python's private state; a producer without it
+    (another kafka-python, or none pending) is left alone instead of failing the commit."""
+    for producer in (SimpleNamespace(), SimpleNamespace(_transaction_manager=SimpleNamespace())):
+        drop_refused_offsets(producer)  # no AttributeError
+    pending = {T0: OffsetAndMetadata(3, "", -1)}
+    manager = SimpleNamespace(_pending_txn_offset_commits=pending, _lock=threading.Lock())
+    drop_refused_offsets(SimpleNamespace(_transaction_manager=manager))
+    assert pending == {} and not manager._lock.locked()
+
+
+def test_the_producer_metadata_is_told_not_to_create_topics() -> None:
+    config = {"allow_auto_create_topics": True, "retry_backoff_ms": 100}
+    no_auto_create(SimpleNamespace(_metadata=SimpleNamespace(config=config)))
+    assert config == {"allow_auto_create_topics": False, "retry_backoff_ms": 100}
+    # A kafka-python whose metadata has no such key, or no config, or no metadata at all:
+    # nothing is added, nothing fails.
+    other: dict[str, Any] = {"retry_backoff_ms": 100}
+    no_auto_create(SimpleNamespace(_metadata=SimpleNamespace(config=other)))
+    assert other == {"retry_backoff_ms": 100}
+    no_auto_create(SimpleNamespace(_metadata=SimpleNamespace(config=None)))
+    no_auto_create(SimpleNamespace())
+
+
+def _consumer(need_rejoin: Any) -> Any:
+    return SimpleNamespace(_coordinator=SimpleNamespace(need_rejoin=need_rejoin))
+
+
+def test_a_pending_rejoin_is_read_from_the_coordinator() -> None:
+    assert rejoin_pending(_consumer(lambda: True)) is True
+    assert rejoin_pending(_consumer(lambda: False)) is False
+    assert rejoin_pending(_consumer(lambda: 1)) is True  # truthy, as kafka-python may say
+
+
+def test_no_coordinator_or_one_that_fails_means_no_rejoin_pending() -> None:
+    def broken() -> bool:
+        raise RuntimeError("the coordinator is closing")
+
+    assert rejoin_pending(_consumer(broken)) is False
+    assert rejoin_pending(SimpleNamespace(_coordinator=SimpleNamespace())) is False
+    assert rejoin_pending(SimpleNamespace()) is False
+
+
+class _Committed:
+    def __init__(self) -> None:
+        self.calls: list[tuple[TopicPartition, dict[str, Any]]] = []
+
+    def committed(self, tp: TopicPartition, **kw: Any) -> Any:
+        self.calls.append((tp, kw))
+        return OffsetAndMetadata(7, "m", -1) if kw.get("metadata") else 7
+
+
+def test_a_committed_offset_lookup_is_bounded() -> None:
+    consumer = _Committed()
+    assert committed_offset(consumer, T0) == 7
+    assert committed_offset(consumer, T0, metadata=True) == OffsetAndMetadata(7, "m", -1)
+    assert consumer.calls == [
+        (T0, {"timeout_ms": OFFSET_FETCH_TIMEOUT_MS}),
+        (T0, {"metadata": True, "timeout_ms": OFFSET_FETCH_TIMEOUT_MS}),
+    ]
+
+
+def test_the_partition_being_unpacked_is_read_from_the_fetcher() -> None:
+    held = SimpleNamespace(topic_partition=T0)
+    consumer = SimpleNamespace(_fetcher=SimpleNamespace(_next_partition_records=held))
+    assert fetching_partition(consumer) == ("in", 0)
+    # The exception kafka-python holds for the records in line names its partition too.
+    meta = SimpleNamespace(partition=TopicPartition("other", 4))
+    holder = SimpleNamespace(_next_partition_records=None, _next_in_line_exception_metadata=meta)
+    assert fetching_partition(SimpleNamespace(_fetcher=holder)) == ("other", 4)
+
+
+def test_no_fetcher_or_nothing_in_line_names_no_partition() -> None:
+    assert fetching_partition(SimpleNamespace()) is None
+    assert fetching_partition(None) is None
+    empty = SimpleNamespace(_next_partition_records=SimpleNamespace(topic_partition=None))
+    assert fetching_partition(SimpleNamespace(_fetcher=empty)) is None
+    not_a_tp = SimpleNamespace(_next_partition_records=SimpleNamespace(partition=3))
+    assert fetching_partition(SimpleNamespace(_fetcher=not_a_tp)) is None
