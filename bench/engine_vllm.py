@@ -187,6 +187,23 @@ class PeakMemory:
         return self.peak
 
 
+@contextlib.contextmanager
+def stack_samples(label: str) -> Iterator[None]:
+    """The host-side sampler's row (bench/gpu/card/dgstacks.py): every process samples its
+    threads while the flag file names a row. Nothing happens without DGSTREAM_STACKS."""
+    directory = os.environ.get("DGSTREAM_STACKS")
+    if not directory:
+        yield
+        return
+    flag = Path(directory) / "row"
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.write_text(label)
+    try:
+        yield
+    finally:
+        flag.unlink(missing_ok=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -219,11 +236,12 @@ async def measure(
             latencies: list[float] = []
             if peak is not None:
                 peak.busy_begin()
-            t0 = time.perf_counter()
-            for _ in range(repeats):
-                out = await engine.read(batch())
-                latencies += [r.timings["engine_s"] for r in out]
-            seconds = time.perf_counter() - t0
+            with stack_samples(f"b{b}_{kind}"):
+                t0 = time.perf_counter()
+                for _ in range(repeats):
+                    out = await engine.read(batch())
+                    latencies += [r.timings["engine_s"] for r in out]
+                seconds = time.perf_counter() - t0
             busy = peak.busy_end() if peak is not None else None
             row = {
                 "variant": f"vllm/{kind}",

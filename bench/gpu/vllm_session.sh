@@ -7,7 +7,9 @@
 #   bash bench/gpu/vllm_session.sh card NAME ARGS # full-size NVFP4 (dummy weights) on an
 #                                                 # emulated 24 GB card, the product's
 #                                                 # defaults; ARGS go to bench/engine_gpu.py
-#                                                 # (e.g. --read-path stock)
+#                                                 # (e.g. --read-path stock); PROFILE=1:
+#                                                 # the torch profiler; STACKS=1: the host's
+#                                                 # Python sampled per row (dgstacks.py)
 #   bash bench/gpu/vllm_session.sh nvfp4|bf16     # full-size shape in a share of the H200
 #   bash bench/gpu/vllm_session.sh transformers   # the transformers engine rows, same shapes
 #   bash bench/gpu/vllm_session.sh pipeline       # Kafka + Ray + controller + a vLLM worker
@@ -52,9 +54,15 @@ case "${1:-}" in
     card "$name"
     prof=()
     [ -n "${PROFILE:-}" ] && { mkdir -p "/root/prof/$name"; prof=(--profile "/root/prof/$name"); }
+    # STACKS=1: every process's Python threads sampled during each timed row (dgstacks.py).
+    [ -n "${STACKS:-}" ] && export DGSTREAM_STACKS=/root/stacks/$name
     timeout 560 python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --batches "${BATCHES:-1,32,256}" \
       --out "$out/card_$name.json" "${prof[@]}" "$@" 2>&1 | tee "$out/card_$name.log"
     [ -n "${PROFILE:-}" ] && keep_profile "$name"
+    if [ -n "${STACKS:-}" ]; then
+      python3 bench/gpu/card/dgstacks.py "$DGSTREAM_STACKS" --top 30 > "$out/stacks_$name.txt" 2>&1
+      tar czf "$out/stacks_$name.tgz" -C "$DGSTREAM_STACKS" . || true
+    fi
     ;;
   nvfp4|bf16)
     # NVFP4 inside a 24 GB card's budget; bf16's 47 GiB of weights need more than that.

@@ -105,3 +105,14 @@ if _CARD:
         import sys
 
         print(f"[card] pid {os.getpid()}: not emulated: {exc!r}", file=sys.stderr, flush=True)
+
+# The host-side sampler (dgstacks.py), in every process, when DGSTREAM_STACKS names a directory.
+if os.environ.get("DGSTREAM_STACKS"):
+    try:
+        import dgstacks
+
+        dgstacks.start(os.environ["DGSTREAM_STACKS"])
+    except Exception as exc:
+        import sys
+
+        print(f"[card] pid {os.getpid()}: no stack samples: {exc!r}", file=sys.stderr, flush=True)

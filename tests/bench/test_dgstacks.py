@@ -1,0 +1,87 @@
+"""The host-side sampler of GPU runs (bench/gpu/card/dgstacks.py), on the CPU: it reaches a
+spawned child through sitecustomize (as vLLM's engine core is spawned), samples only while
+the row flag exists, and its report puts the busy function on top of the busy thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CARD = ROOT / "bench" / "gpu" / "card"
+
+CHILD = """
+import multiprocessing as mp, sys, time
+from pathlib import Path
+
+def spin_in_the_child(flag, seconds):
+    Path(flag).write_text("busy_row")
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+    Path(flag).unlink()
+    after_the_row()
+
+def after_the_row():  # work that no label may count
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=spin_in_the_child, args=(sys.argv[1], 0.6))
+    p.start(); p.join()
+    sys.exit(p.exitcode)
+"""
+
+
+@pytest.mark.unit
+def test_samples_a_spawned_child_only_while_the_row_is_on(tmp_path: Path) -> None:
+    out = tmp_path / "stacks"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{CARD}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "DGSTREAM_STACKS": str(out),
+    }
+    env.pop("DGSTREAM_CARD_GIB", None)  # the sampler alone: no torch, no card
+    run = subprocess.run(
+        [sys.executable, str(script), str(out / "row")], env=env, capture_output=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    files = list(out.glob("stacks-*.json"))
+    assert files, "no process wrote its samples"
+    rows = [json.loads(f.read_text()) for f in files]
+    # Every process samples while the flag exists (vLLM's front end and engine core both),
+    # under the flag's one label, never the sampler's own thread, never after the row.
+    assert all(set(r) == {"busy_row"} for r in rows)
+    threads = [t for r in rows for t in r["busy_row"]]
+    assert "dgstacks" not in threads
+    every_stack = [s for r in rows for t in r["busy_row"].values() for s in t]
+    assert not any("after_the_row" in s for s in every_stack)
+    (child,) = [
+        r["busy_row"]["MainThread"]
+        for r in rows
+        if any("spin_in_the_child" in s for s in r["busy_row"].get("MainThread", {}))
+    ]
+    assert sum(child.values()) >= 20
+    from_spin = sum(n for s, n in child.items() if ":spin_in_the_child:" in s.split(";")[-1])
+    assert from_spin / sum(child.values()) > 0.8
+
+    sys.path.insert(0, str(CARD))
+    try:
+        import dgstacks
+    finally:
+        sys.path.remove(str(CARD))
+    text = dgstacks.report(str(out), top=3)
+    blocks = [b for b in text.split("== ") if "spin_in_the_child" in b]
+    assert len(blocks) == 1
+    first_self = blocks[0].split("self (innermost line):\n")[1].splitlines()[0]
+    assert "child.py:spin_in_the_child" in first_self
