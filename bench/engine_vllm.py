@@ -236,11 +236,19 @@ async def measure(
             latencies: list[float] = []
             if peak is not None:
                 peak.busy_begin()
+            # --in-flight N: N batches at once, as the worker keeps them (1: one after another).
+            slots = asyncio.Semaphore(args.in_flight)
+
+            async def one_batch(
+                slots: asyncio.Semaphore = slots, latencies: list[float] = latencies
+            ) -> None:
+                async with slots:
+                    out = await engine.read(batch())
+                    latencies.extend(r.timings["engine_s"] for r in out)
+
             with stack_samples(f"b{b}_{kind}"):
                 t0 = time.perf_counter()
-                for _ in range(repeats):
-                    out = await engine.read(batch())
-                    latencies += [r.timings["engine_s"] for r in out]
+                await asyncio.gather(*(one_batch() for _ in range(repeats)))
                 seconds = time.perf_counter() - t0
             busy = peak.busy_end() if peak is not None else None
             row = {
@@ -251,6 +259,7 @@ async def measure(
                 "p99_ms": percentile(latencies, 0.99) * 1e3,
                 "reads": b * repeats,
                 "gpu_busy_pct": busy,
+                "in_flight": args.in_flight,
             }
             rows.append(row)
             print(
@@ -405,6 +414,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--unconstrained", action="store_true", help="full-vocabulary reads")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument(
+        "--in-flight", type=int, default=1, help="batches read at once (the worker keeps 2)"
+    )
     ap.add_argument("--profile", default="", help="absolute dir for torch profiler traces")
 
 
