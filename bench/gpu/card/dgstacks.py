@@ -56,21 +56,31 @@ def start(directory: str) -> None:
         tmp.write_text(json.dumps({k: dict(v) for k, v in samples.items()}))
         os.replace(tmp, path)
 
+    def read_label() -> str:
+        try:
+            return flag.read_text().strip()
+        except OSError:
+            return ""
+
     def loop() -> None:
         me = threading.get_ident()  # the sampler leaves itself out
         last = time.monotonic()
         while True:
             time.sleep(INTERVAL_S)
-            try:
-                label = flag.read_text().strip()
-            except OSError:
-                label = ""
+            label = read_label()
             if label:
                 names = {t.ident: t.name for t in threading.enumerate()}
-                for ident, frame in sys._current_frames().items():
-                    if ident != me:
-                        thread = names.get(ident, str(ident))
-                        samples[label][thread][_collapse(frame)] += 1
+                taken = [
+                    (names.get(ident, str(ident)), _collapse(frame))
+                    for ident, frame in sys._current_frames().items()
+                    if ident != me
+                ]
+                # The row may end between reading the flag and taking the frames (a loaded
+                # host preempts this thread there): a sample counts only if the flag still
+                # holds the same label after it, so no work after the row is ever counted.
+                if read_label() == label:
+                    for thread, stack in taken:
+                        samples[label][thread][stack] += 1
             if time.monotonic() - last > 2:
                 last = time.monotonic()
                 try:
