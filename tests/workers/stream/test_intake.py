@@ -307,6 +307,50 @@ def test_a_poison_record_is_refused_without_parsing() -> None:
     assert intake.entry(T0, Rec(6, _request())).request is not None  # only that record
 
 
+def test_a_content_type_header_of_a_structured_cloudevent_makes_the_value_one() -> None:
+    # A plain request's JSON (no `specversion`): only the record's content-type header can
+    # make it a structured CloudEvent, which it then is not (its attributes are missing).
+    intake, _, _, _, _ = _intake()
+    structured = b"application/cloudevents+json"
+    trace = ("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+
+    def code(headers: list[tuple[str, bytes | None]]) -> ErrorCode | None:
+        e = intake.entry(T0, Rec(3, _request(), headers=headers))
+        return None if e.error is None else e.error.code
+
+    # Looked up by name, ignoring case, after other headers.
+    assert code([trace, ("Content-Type", structured)]) is ErrorCode.INVALID_CLOUDEVENT
+    # The first header of that name with a value decides.
+    assert code([("content-type", b"application/json"), ("content-type", structured)]) is None
+    assert code([("content-type", b""), ("content-type", structured)]) is (
+        ErrorCode.INVALID_CLOUDEVENT
+    )
+    assert code([("content-type", None), ("content-type", structured)]) is (
+        ErrorCode.INVALID_CLOUDEVENT
+    )
+    # Another header holding that value is not the content type.
+    assert code([("x-content-type", structured), trace]) is None
+    assert code([]) is None
+    # Any bytes: a header that is not UTF-8 is read with replacement, never raised on.
+    assert code([("content-type", b"\xff\xfe" + structured)]) is None
+    assert code([("content-type", structured + b"; x=\xff")]) is ErrorCode.INVALID_CLOUDEVENT
+    e = intake.entry(T0, Rec(4, _request(), headers=[("content-type", structured)]))
+    assert e.error is not None and e.error.field == "specversion"
+
+
+def test_a_framed_record_read_while_the_registry_is_away_is_counted_and_logged() -> None:
+    from schemas.framing import frame
+
+    # Nothing listens on port 1 of the loopback: the registry is down, not the record bad.
+    intake, s, _, _, _ = _intake(
+        input_framing="confluent", schema_registry={"url": "http://127.0.0.1:1", "timeout_s": 5}
+    )
+    e = intake.entry(T0, Rec(3, frame(7, _request("framed"))))
+    assert e.error is None and e.request is not None and e.request.id == "framed"
+    assert s.metrics.registry_unverified == 1
+    assert _log(s).named("registry_unreachable") == [("warning", {"schema_id": 7})]
+
+
 # ------------------------------------------------------------------ when a batch is due
 
 
