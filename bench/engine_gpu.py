@@ -170,6 +170,12 @@ def main() -> int:
         metavar=("READ_PATH", "STOCK", "GPU_TESTS"),
         help="the 24 GB card section from the two card runs' JSON and the gpu tests' JSON",
     )
+    ap.add_argument(
+        "--render-scheduling",
+        nargs="+",
+        default=[],
+        help="the card's scheduling section from card runs' JSON, the first the baseline",
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt", type=int, default=256)
@@ -213,6 +219,14 @@ def main() -> int:
 
         md = render_card(*[Path(p) for p in args.render_card])
         write_section("card24", md)
+        print(md)
+        return 0
+    if args.render_scheduling:
+        from bench.engine_vllm import render_scheduling
+        from bench.report import write_section
+
+        md = render_scheduling([Path(p) for p in args.render_scheduling])
+        write_section("card24-scheduling", md)
         print(md)
         return 0
     if args.render_vllm:

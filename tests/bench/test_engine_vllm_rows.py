@@ -1,0 +1,145 @@
+"""The card benchmark's rows (bench/engine_vllm.py's `measure`) and their section, on the
+CPU against an engine that only counts: what a GPU session cannot afford to find out.
+
+- a row holds the batches in flight it names, never more, and reads what it reports;
+- every batch's reads exist before the row's clock starts (making them is not the engine's
+  time);
+- the scheduling section puts two runs side by side with the ratio of their own figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bench import engine_vllm
+
+
+class CountingEngine:
+    """Reads nothing; records how many batches were at it at once and when reads were made."""
+
+    def __init__(self) -> None:
+        self.at_once = 0
+        self.most = 0
+        self.batches: list[int] = []
+
+    async def read(self, reads: list[Any]) -> list[Any]:
+        self.at_once += 1
+        self.most = max(self.most, self.at_once)
+        self.batches.append(len(reads))
+        # Yield to the loop twice, so batches the row allows at once do overlap here.
+        await asyncio.sleep(0)
+        await asyncio.sleep(0.001)
+        self.at_once -= 1
+        return [SimpleNamespace(timings={"engine_s": 0.001}) for _ in reads]
+
+
+def args_for(batches: str, in_flight: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    engine_vllm.add_arguments(ap)
+    ap.add_argument("--batches", default=batches)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--canvas", type=int, default=16)
+    ap.add_argument("--shared", type=int, default=24)
+    return ap.parse_args(["--in-flight", in_flight])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("spec, depths", [("1", [1]), ("1,2,4", [1, 2, 4]), (3, [3])])
+def test_in_flight_depths_parse(spec: Any, depths: list[int]) -> None:
+    assert engine_vllm.in_flight_depths(spec) == depths
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("spec", ["", "0", "1,-2"])
+def test_in_flight_depths_refuse_what_cannot_run(spec: str) -> None:
+    with pytest.raises(ValueError, match="in-flight"):
+        engine_vllm.in_flight_depths(spec)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_a_row_holds_its_batches_in_flight_and_counts_its_reads(depth: int) -> None:
+    engine = CountingEngine()
+    rows = asyncio.run(engine_vllm.measure(engine, args_for("8", str(depth)), 1000))
+    assert [(r["variant"], r["in_flight"]) for r in rows] == [
+        ("vllm/unique", depth),
+        ("vllm/shared", depth),
+    ]
+    assert engine.most == depth
+    for row in rows:
+        assert row["reads"] == 8 * max(3 * depth, min(64, 256 // 8))
+    # One warm-up batch a row, then the row's own; every batch the row's size.
+    assert len(engine.batches) == sum(1 + r["reads"] // 8 for r in rows)
+    assert set(engine.batches) == {8}
+
+
+@pytest.mark.unit
+def test_the_reads_are_made_before_the_clock_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's reads/s counts only the engine: no read is made while a row's batches run."""
+    import bench.reads as reads_module
+
+    made_while_reading: list[int] = []
+    engine = CountingEngine()
+    real = reads_module.make_reads
+
+    def watched(*a: Any, **k: Any) -> Any:
+        made_while_reading.append(engine.at_once)
+        return real(*a, **k)
+
+    monkeypatch.setattr(reads_module, "make_reads", watched)
+    asyncio.run(engine_vllm.measure(engine, args_for("4", "2"), 1000))
+    assert made_while_reading and set(made_while_reading) == {0}
+
+
+def card_run(tmp: Path, name: str, asynchronous: bool, rate: float) -> Path:
+    rows = [
+        {
+            "variant": f"vllm/{kind}",
+            "batch": b,
+            "in_flight": depth,
+            "reads_per_s": rate * b * depth * (2 if kind == "shared" else 1),
+            "p50_ms": 30.0,
+            "p99_ms": 40.0,
+            "gpu_busy_pct": 50.0,
+        }
+        for b in (1, 256)
+        for kind in ("unique", "shared")
+        for depth in (1, 2)
+    ]
+    info = {
+        "settings": {"async_scheduling": asynchronous, "canvas_length": 64},
+        "kv_cache_tokens": 40298,
+        "start_s": 240.0,
+    }
+    path = tmp / f"card_{name}.json"
+    path.write_text(json.dumps({"info": info, "rows": rows}))
+    return path
+
+
+@pytest.mark.unit
+def test_the_scheduling_section_sets_runs_side_by_side(tmp_path: Path) -> None:
+    sync = card_run(tmp_path, "sync", False, 1.0)
+    fast = card_run(tmp_path, "async", True, 1.5)
+    md = engine_vllm.render_scheduling([sync, fast])
+    header = next(line for line in md.splitlines() if line.startswith("| batch"))
+    assert "sync, canvas 64" in header and "async, canvas 64 / sync, canvas 64" in header
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3].startswith("1024.0 (30 / 40; 50%)")
+    assert cells[4].startswith("1536.0")
+    assert cells[5] == "1.50x"
+    # Unique rows come before shared ones at each batch, depths in order.
+    order = [line.split("|")[1:4] for line in md.splitlines() if line.startswith("| 1 |")]
+    assert [[c.strip() for c in o] for o in order] == [
+        ["1", "unique", "1"],
+        ["1", "unique", "2"],
+        ["1", "shared", "1"],
+        ["1", "shared", "2"],
+    ]
