@@ -34,10 +34,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.reads import make_reads
+from bench import use_test_support
 from workers.engine.hf_backend import TransformersEngine
 from workers.engine.models import TINY_RANDOM, full_size_config, tiny_config
 from workers.engine.types import Read
+
+use_test_support()
+
+from support.reads import make_reads  # noqa: E402
 
 
 def sync() -> None:
@@ -176,6 +180,7 @@ def main() -> int:
         default=[],
         help="the card's scheduling section from card runs' JSON, the first the baseline",
     )
+    ap.add_argument("--date", default="", help="the device session's date, for a section")
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt", type=int, default=256)
@@ -222,10 +227,11 @@ def main() -> int:
         print(md)
         return 0
     if args.render_scheduling:
-        from bench.engine_vllm import render_scheduling
+        from support.card_rows import render_scheduling
+
         from bench.report import write_section
 
-        md = render_scheduling([Path(p) for p in args.render_scheduling])
+        md = render_scheduling([Path(p) for p in args.render_scheduling], args.date)
         write_section("card24-scheduling", md)
         print(md)
         return 0

@@ -36,6 +36,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import use_test_support
+
+use_test_support()
+
+# The rows' harness and their section live with the tests that check them (bench imports
+# tests/support, never the other way round).
+from support.card_rows import (  # noqa: E402
+    measure,
+)
+
 # vLLM's "compressed-tensors" NVFP4 weight-only layout (llm-compressor's nvfp4-pack-quantized):
 # 4-bit float weights in groups of 16 with a per-group scale, activations unquantized; the
 # router, vision tower and lm_head stay in bf16, as in RedHatAI's NVFP4 checkpoints.
@@ -187,116 +197,11 @@ class PeakMemory:
         return self.peak
 
 
-@contextlib.contextmanager
-def stack_samples(label: str) -> Iterator[None]:
-    """The host-side sampler's row (bench/gpu/card/dgstacks.py): every process samples its
-    threads while the flag file names a row. Nothing happens without DGSTREAM_STACKS."""
-    directory = os.environ.get("DGSTREAM_STACKS")
-    if not directory:
-        yield
-        return
-    flag = Path(directory) / "row"
-    flag.parent.mkdir(parents=True, exist_ok=True)
-    flag.write_text(label)
-    try:
-        yield
-    finally:
-        flag.unlink(missing_ok=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def in_flight_depths(spec: str | int) -> list[int]:
-    """`--in-flight` as depths: "1,2,4" -> [1, 2, 4] (an int from older callers kept)."""
-    depths = [int(x) for x in str(spec).split(",") if x.strip()]
-    if not depths or min(depths) < 1:
-        raise ValueError(f"--in-flight: batches in flight must be >= 1, got {spec!r}")
-    return depths
-
-
-async def measure(
-    engine: Any, args: argparse.Namespace, vocab: int, peak: PeakMemory | None = None
-) -> list[dict[str, Any]]:
-    from bench.reads import make_reads
-
-    rng = random.Random(0)
-    rows: list[dict[str, Any]] = []
-    shared_prefix = [make_reads(1, args.prompt, args.canvas, args.shared, vocab, rng)[0]]
-    depths = in_flight_depths(args.in_flight)
-    for b, kind, depth in (
-        (b, kind, depth)
-        for b in [int(x) for x in args.batches.split(",")]
-        for kind in ("unique", "shared")
-        for depth in depths
-    ):
-        # At least 3 batches a row (one batch of 256 is well under a second on the GPU),
-        # and 3 per batch in flight, so a deeper row keeps its depth most of the row.
-        repeats = max(3 * depth, min(64, 256 // b))
-
-        def batch(kind: str = kind, b: int = b) -> list[Any]:
-            if kind == "unique":
-                return make_reads(b, args.prompt, args.canvas, 0, vocab, rng)
-            # One question set: every prompt starts with the same shared prefix.
-            pre = shared_prefix[0].prompt_ids[: args.shared]
-            reads = make_reads(b, args.prompt, args.canvas, 0, vocab, rng)
-            return [
-                type(r)(pre + r.prompt_ids[args.shared :], r.canvas_ids, r.slots, args.shared)
-                for r in reads
-            ]
-
-        await engine.read(batch())  # warm-up (and, shared: the prefix into the cache)
-        latencies: list[float] = []
-        # The row's reads are made before its clock starts: making 256 random prompts takes
-        # tens of ms of this process's Python, which a worker's batches (read from Kafka)
-        # do not cost the engine.
-        batches = [batch() for _ in range(repeats)]
-        if peak is not None:
-            peak.busy_begin()
-        # --in-flight N: N batches at once, as the worker keeps them (1: one after another).
-        slots = asyncio.Semaphore(depth)
-
-        async def one_batch(
-            reads: list[Any],
-            slots: asyncio.Semaphore = slots,
-            latencies: list[float] = latencies,
-        ) -> None:
-            async with slots:
-                out = await engine.read(reads)
-                latencies.extend(r.timings["engine_s"] for r in out)
-
-        with stack_samples(f"b{b}_{kind}" + (f"_x{depth}" if len(depths) > 1 else "")):
-            t0 = time.perf_counter()
-            await asyncio.gather(*(one_batch(reads) for reads in batches))
-            seconds = time.perf_counter() - t0
-        busy = peak.busy_end() if peak is not None else None
-        row = {
-            "variant": f"vllm/{kind}",
-            "batch": b,
-            "reads_per_s": b * repeats / seconds,
-            "p50_ms": statistics.median(latencies) * 1e3,
-            "p99_ms": percentile(latencies, 0.99) * 1e3,
-            "reads": b * repeats,
-            "gpu_busy_pct": busy,
-            "in_flight": depth,
-        }
-        rows.append(row)
-        print(
-            f"{row['variant']:14s} batch {b:4d} x{depth}: {row['reads_per_s']:8.1f} reads/s  "
-            f"p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
-            f"GPU busy {busy}%",
-            flush=True,
-        )
-    return rows
-
-
 async def profile(engine: Any, args: argparse.Namespace, vocab: int) -> None:
     """One torch-profiled batch of each kind (vLLM writes the traces and CUDA-time tables):
     batch 1 and 256 of unique prompts, and 256 of one question set (its prefix put in the
     cache by an unprofiled batch first, as measure() does)."""
-    from bench.reads import make_reads
+    from support.reads import make_reads
 
     rng = random.Random(1)
     llm = engine._engine
@@ -878,92 +783,4 @@ def render_card(read_path: Path, stock: Path, gpu_tests: Path) -> str:
         gap = figure(f"{key}_gap", f"{v['max_probability_gap']:.6f}")
         lines.append(f"| {name} | {v['questions']} | {v['answers_differ']} | {gap} | - |")
     lines += ["", "Reproduce:", "", "```", CARD_COMMAND, "```"]
-    return "\n".join(lines)
-
-
-# --- docs/benchmarks.md: scheduling and batches in flight on the card -------------------------
-
-SCHEDULING_COMMAND = (
-    "BATCHES=1,256 bash bench/gpu/vllm_session.sh card sched_sync --in-flight 1,2,4  "
-    "# on the GPU machine, one device session:\n"
-    "BATCHES=1,256 bash bench/gpu/vllm_session.sh card sched_async --in-flight 1,2,4 "
-    "--async-scheduling\n"
-    "python bench/engine_gpu.py --render-scheduling docs/data/card24/card_sched_sync.json "
-    "docs/data/card24/card_sched_async.json   # here: this section"
-)
-
-
-def run_label(info: dict[str, Any]) -> str:
-    """A card run's engine settings in a few words: scheduling and the served canvas."""
-    s = info["settings"]
-    sched = {None: "async (vLLM default)", True: "async", False: "sync"}[s["async_scheduling"]]
-    return f"{sched}, canvas {s['canvas_length']}"
-
-
-def render_scheduling(paths: list[Path], date: str = "") -> str:
-    """The card runs of one device session side by side, one column per engine start (its
-    scheduling, its served canvas), one row per batch, kind and batches in flight; each
-    later column also as a ratio to the first."""
-    runs = [json.loads(p.read_text()) for p in paths]
-    keyed = [
-        {(r["batch"], r["variant"], r.get("in_flight", 1)): r for r in b["rows"]} for b in runs
-    ]
-    keys = sorted(
-        {k for rows in keyed for k in rows}, key=lambda k: (k[0], k[1] != "vllm/unique", k[2])
-    )
-    labels = [run_label(b["info"]) for b in runs]
-    head = "| batch | kind | batches in flight | " + " | ".join(labels)
-    head += "".join(f" | {lab} / {labels[0]}" for lab in labels[1:]) + " |"
-    lines = [
-        "## Scheduling and batches in flight on the emulated 24 GB card"
-        + (f" ({date})" if date else ""),
-        "",
-        "The card runs' reads (256-token prompts, 16-position canvases with 3 slots, "
-        "constrained, the full-size NVFP4 shape with dummy weights; `shared`: one question "
-        "set) with the product's defaults but for the column's settings, one engine start a "
-        "column, one device session. A row holds `batches in flight` batches of `batch` "
-        "reads at the engine at once, as the worker keeps its batches; each batch's reads "
-        "are made before the row's clock starts. Reads/s (p50 / p99 ms per read; GPU busy %, "
-        "NVML):",
-        "",
-        head,
-        "|---:|---|---:|" + "---:|" * (2 * len(runs) - 1),
-    ]
-
-    def cell(row: dict[str, Any] | None) -> str:
-        if row is None:
-            return "-"
-        busy = row.get("gpu_busy_pct")
-        busy_s = f"; {busy:.0f}%" if isinstance(busy, int | float) else ""
-        return f"{row['reads_per_s']:.1f} ({row['p50_ms']:.0f} / {row['p99_ms']:.0f}{busy_s})"
-
-    for key in keys:
-        cells = [rows.get(key) for rows in keyed]
-        first = cells[0]
-        ratios = [
-            f"{c['reads_per_s'] / first['reads_per_s']:.2f}x" if c and first else "-"
-            for c in cells[1:]
-        ]
-        b, variant, depth = key
-        lines.append(
-            f"| {b} | {variant.split('/')[1]} | {depth} | "
-            + " | ".join(cell(c) for c in cells)
-            + "".join(f" | {r}" for r in ratios)
-            + " |"
-        )
-    lines += [
-        "",
-        "Engine starts: "
-        + "; ".join(
-            f"{lab}: {b['info']['kv_cache_tokens']:,} KV tokens, {b['info']['start_s']:.0f} s"
-            for lab, b in zip(labels, runs, strict=True)
-        )
-        + ".",
-        "",
-        "Reproduce:",
-        "",
-        "```",
-        SCHEDULING_COMMAND,
-        "```",
-    ]
     return "\n".join(lines)

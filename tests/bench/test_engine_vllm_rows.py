@@ -1,10 +1,12 @@
-"""The card benchmark's rows (bench/engine_vllm.py's `measure`) and their section, on the
-CPU against an engine that only counts: what a GPU session cannot afford to find out.
+"""The card benchmark's rows (tests/support/card_rows.py, run by bench/card_rows.py on the
+GPU machine) and their section, on the CPU against an engine that only counts: what a GPU
+session cannot afford to find out.
 
 - a row holds the batches in flight it names, never more, and reads what it reports;
 - every batch's reads exist before the row's clock starts (making them is not the engine's
   time);
-- the scheduling section puts two runs side by side with the ratio of their own figures.
+- the scheduling section puts two runs side by side with the ratio of their own figures,
+  and marks the figures of the defaults' column (the ones README quotes).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from bench import engine_vllm
+from support import card_rows
 
 
 class CountingEngine:
@@ -41,33 +42,28 @@ class CountingEngine:
 
 
 def args_for(batches: str, in_flight: str) -> argparse.Namespace:
-    ap = argparse.ArgumentParser()
-    engine_vllm.add_arguments(ap)
-    ap.add_argument("--batches", default=batches)
-    ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--canvas", type=int, default=16)
-    ap.add_argument("--shared", type=int, default=24)
-    return ap.parse_args(["--in-flight", in_flight])
+    """What bench/engine_gpu.py's parser gives `measure` (short prompts: the CPU)."""
+    return argparse.Namespace(batches=batches, in_flight=in_flight, prompt=32, canvas=16, shared=24)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("spec, depths", [("1", [1]), ("1,2,4", [1, 2, 4]), (3, [3])])
 def test_in_flight_depths_parse(spec: Any, depths: list[int]) -> None:
-    assert engine_vllm.in_flight_depths(spec) == depths
+    assert card_rows.in_flight_depths(spec) == depths
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("spec", ["", "0", "1,-2"])
 def test_in_flight_depths_refuse_what_cannot_run(spec: str) -> None:
     with pytest.raises(ValueError, match="in-flight"):
-        engine_vllm.in_flight_depths(spec)
+        card_rows.in_flight_depths(spec)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize("depth", [1, 2, 4])
 def test_a_row_holds_its_batches_in_flight_and_counts_its_reads(depth: int) -> None:
     engine = CountingEngine()
-    rows = asyncio.run(engine_vllm.measure(engine, args_for("8", str(depth)), 1000))
+    rows = asyncio.run(card_rows.measure(engine, args_for("8", str(depth)), 1000))
     assert [(r["variant"], r["in_flight"]) for r in rows] == [
         ("vllm/unique", depth),
         ("vllm/shared", depth),
@@ -83,7 +79,7 @@ def test_a_row_holds_its_batches_in_flight_and_counts_its_reads(depth: int) -> N
 @pytest.mark.unit
 def test_the_reads_are_made_before_the_clock_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's reads/s counts only the engine: no read is made while a row's batches run."""
-    import bench.reads as reads_module
+    import support.reads as reads_module
 
     made_while_reading: list[int] = []
     engine = CountingEngine()
@@ -94,7 +90,7 @@ def test_the_reads_are_made_before_the_clock_starts(monkeypatch: pytest.MonkeyPa
         return real(*a, **k)
 
     monkeypatch.setattr(reads_module, "make_reads", watched)
-    asyncio.run(engine_vllm.measure(engine, args_for("4", "2"), 1000))
+    asyncio.run(card_rows.measure(engine, args_for("4", "2"), 1000))
     assert made_while_reading and set(made_while_reading) == {0}
 
 
@@ -127,13 +123,18 @@ def card_run(tmp: Path, name: str, asynchronous: bool, rate: float) -> Path:
 def test_the_scheduling_section_sets_runs_side_by_side(tmp_path: Path) -> None:
     sync = card_run(tmp_path, "sync", False, 1.0)
     fast = card_run(tmp_path, "async", True, 1.5)
-    md = engine_vllm.render_scheduling([sync, fast])
+    md = card_rows.render_scheduling([sync, fast])
     header = next(line for line in md.splitlines() if line.startswith("| batch"))
     assert "sync, canvas 64" in header and "async, canvas 64 / sync, canvas 64" in header
     row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[3].startswith("1024.0 (30 / 40; 50%)")
-    assert cells[4].startswith("1536.0")
+    assert cells[3] == "1024.0 (30 / 40; 50%)"
+    # The column of the product's defaults (async scheduling, a 64-position canvas) marks
+    # its figures for the pages that quote them; the other columns mark none.
+    assert cells[4] == (
+        "<!-- figure: defaults_shared_b256_x2 -->1536.0<!-- /figure --> "
+        "(<!-- figure: defaults_shared_b256_x2_p50 -->30<!-- /figure --> / 40; 50%)"
+    )
     assert cells[5] == "1.50x"
     # Unique rows come before shared ones at each batch, depths in order.
     order = [line.split("|")[1:4] for line in md.splitlines() if line.startswith("| 1 |")]

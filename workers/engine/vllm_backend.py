@@ -146,10 +146,15 @@ class VllmSettings(BaseModel):
     # took 30 s of the engine's start on the H200.
     cudagraph_capture_sizes: tuple[int, ...] | Literal["to_budget"] | None = "to_budget"
     # vLLM's async scheduling (the next step is scheduled while this one runs); None = vLLM's
-    # default (on). Off measured faster at every batch size on the H200 (same run: 151
-    # against 147 unique, 304 against 274 shared at batch 256; batch-1 p50 26 against 35 ms
-    # shared): a read holds its slot one iteration less.
-    async_scheduling: bool | None = False
+    # default (on). With the read path (whose step has no GPU-to-CPU sync) on the emulated
+    # 24 GB card, on measured faster than off in 11 of 12 rows and level in the 12th
+    # (2026-12-03, one device session, batch 256: 605 against 447 reads/s on one question
+    # set, 187 against 154 unique, 826 against 599 at the best batches in flight; batch-1
+    # p50 31 against 41 ms shared): the engine core's Python then runs while the GPU does,
+    # where off had them take turns. vLLM's own path measured slightly the other way on the
+    # full-size shape (2026-12-01), and took 1.7 s for the gpu tests' 300 demo-model
+    # requests with it on (2026-12-03) against 9.8 s off (2026-12-02): one default for both.
+    async_scheduling: bool | None = True
     # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
     # writes traces there). For profiling runs only.
     profiler_dir: str | None = None
