@@ -31,6 +31,7 @@ __all__ = [
     "percentile",
     "render_scheduling",
     "run_label",
+    "scheduling_name",
     "stack_samples",
 ]
 
@@ -158,11 +159,16 @@ SCHEDULING_COMMAND = (
 )
 
 
+def scheduling_name(settings: dict[str, Any]) -> str:
+    """A run's `async_scheduling` setting in words."""
+    names = {None: "async (vLLM default)", True: "async", False: "sync"}
+    return names[settings["async_scheduling"]]
+
+
 def run_label(info: dict[str, Any]) -> str:
     """A card run's engine settings in a few words: scheduling and the served canvas."""
     s = info["settings"]
-    sched = {None: "async (vLLM default)", True: "async", False: "sync"}[s["async_scheduling"]]
-    return f"{sched}, canvas {s['canvas_length']}"
+    return f"{scheduling_name(s)}, canvas {s['canvas_length']}"
 
 
 def render_scheduling(paths: list[Path], date: str = "") -> str:
