@@ -238,6 +238,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "async_scheduling": args.async_scheduling,
         "canvas_length": args.served_canvas,
         "max_model_len": args.max_model_len,
+        "moe_backend": args.moe_backend,
+        "linear_backend": args.linear_backend,
     }
     if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
         knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
@@ -338,6 +340,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--unconstrained", action="store_true", help="full-vocabulary reads")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--moe-backend", default=None, help="vLLM's MoE kernels (e.g. marlin)")
+    ap.add_argument("--linear-backend", default=None, help="vLLM's linear kernels")
     ap.add_argument(
         "--in-flight",
         default="1",

@@ -173,9 +173,14 @@ def scheduling_name(settings: dict[str, Any]) -> str:
 
 
 def run_label(info: dict[str, Any]) -> str:
-    """A card run's engine settings in a few words: scheduling and the served canvas."""
+    """A card run's engine settings in a few words: scheduling, the served canvas and, when
+    chosen, vLLM's kernels (runs before the setting existed chose none)."""
     s = info["settings"]
-    return f"{scheduling_name(s)}, canvas {s['canvas_length']}"
+    label = f"{scheduling_name(s)}, canvas {s['canvas_length']}"
+    kernels = {s.get("moe_backend"), s.get("linear_backend")} - {None}
+    if kernels:
+        label += ", " + "/".join(sorted(kernels)) + " kernels"
+    return label
 
 
 def render_scheduling(paths: list[Path], date: str = "") -> str:

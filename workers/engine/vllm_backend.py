@@ -155,6 +155,14 @@ class VllmSettings(BaseModel):
     # full-size shape (2026-12-01), and took 1.7 s for the gpu tests' 300 demo-model
     # requests with it on (2026-12-03) against 9.8 s off (2026-12-02): one default for both.
     async_scheduling: bool | None = True
+    # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
+    # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
+    # its Humming kernels for NVFP4 on compute capability 9.0 (an H100/H200) and Marlin on
+    # every other pre-Blackwell card (`humming.priority._HUMMING_PREFERRED_CAPABILITIES`):
+    # a 24 GB board (RTX 3090/4090, A10, L4: 8.6/8.9) runs Marlin, so "marlin" on an H200
+    # runs the kernels the target card would.
+    moe_backend: str | None = None
+    linear_backend: str | None = None
     # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
     # writes traces there). For profiling runs only.
     profiler_dir: str | None = None
@@ -385,6 +393,9 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         args["cudagraph_capture_sizes"] = list(sizes)
     if settings.async_scheduling is not None:
         args["async_scheduling"] = settings.async_scheduling
+    for kernel in ("moe_backend", "linear_backend"):
+        if getattr(settings, kernel) is not None:
+            args[kernel] = getattr(settings, kernel)
     if settings.profiler_dir:
         args["profiler_config"] = {
             "profiler": "torch",
@@ -420,6 +431,8 @@ def serve_command(
         "tensor-parallel-size": a["tensor_parallel_size"],
         "load-format": a["load_format"],
         "additional-config": json.dumps(a["additional_config"]),
+        "moe-backend": a.get("moe_backend"),
+        "linear-backend": a.get("linear_backend"),
     }
     for flag, value in flags.items():
         if value is not None:

@@ -684,6 +684,7 @@ def test_serve_command_gives_vllm_the_in_process_engine_args(
         VllmSettings(load_format="dummy", enable_prefix_caching=False, skip_tokenizer_init=True),
         VllmSettings(load_format="dummy", async_scheduling=True, cudagraph_capture_sizes=None),
         VllmSettings(load_format="dummy", async_scheduling=None, cudagraph_capture_sizes=(1, 8)),
+        VllmSettings(load_format="dummy", moe_backend="marlin", linear_backend="marlin"),
     ):
         cmd = serve_command(settings, port=8123, name="demo")
         assert cmd[0] == "serve"
