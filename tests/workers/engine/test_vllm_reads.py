@@ -637,3 +637,110 @@ def test_a_mixed_step_reads_each_group_its_own_way(eager_vllm: Any) -> None:
         np.testing.assert_allclose(lp.logprobs[row, :width].numpy(), want, atol=1e-4)
         assert (lp.logprobs[row, width:] == float("-inf")).all()
         assert int(got.sampled_token_ids[row // CL, row % CL]) == best
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops a block of code runs, with their arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append((str(func), args))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.vllm
+def test_admission_writes_its_constants_as_kernel_arguments(cpu_vllm: Any) -> None:
+    """`t[idx] = 0` makes a 0-dim host tensor (`lift_fresh`) and an `index_put_` of it: on
+    CUDA a copy from pageable memory, which waits for every step queued on the stream, so
+    under async scheduling the engine core waited for the step in flight (the torch
+    profile of 2026-12-03 counted four such copies per step with arrivals). The flush
+    writes constants with `index_fill_` and tensors from its one staged copy."""
+    from workers.engine.vllm_reads.admission import Admissions
+
+    staged = Admissions(_states(cpu_vllm))
+    for slot, prompt, steps, seed, pins, ro in ARRIVALS:
+        staged.reset(slot, prompt)
+        staged.read(slot, max_steps=steps, seed=seed, pins=pins, read_only=ro)
+    with _Recorder() as seen:
+        staged.flush()
+    names = [name for name, _ in seen.ops]
+    for name, args in seen.ops:
+        if name == "aten.lift_fresh.default":  # the staged host matrix is the one lifted
+            assert args[0].dim() > 0, "a constant lifted to a 0-dim tensor"
+        if name.startswith("aten.index_put"):
+            assert args[2].dim() > 0, f"{name} of a 0-dim value"
+    assert names.count("aten.index_fill_.int_Scalar") == 4
+
+
+class _StagedRows:
+    """The parts of vLLM's staged buffers that `RequestState.add_request` writes."""
+
+    def __init__(self, n: int) -> None:
+        self.np = np.zeros(n, dtype=np.int64)
+        self.writes: list[tuple[Any, ...]] = []
+
+    def stage_write_elem(self, *args: Any) -> None:
+        self.writes.append(args)
+
+    def stage_write(self, *args: Any) -> None:
+        self.writes.append(args)
+
+
+def _request_state(slots: int, width: int) -> Any:
+    """An object with what vLLM's own `RequestState.add_request` touches, on the CPU (the
+    real class pins host memory, which needs a GPU)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        free_indices=list(range(slots)),
+        req_id_to_index={},
+        index_to_req_id={},
+        max_seq_len=np.zeros(slots, dtype=np.int64),
+        prompt_len=_StagedRows(slots),
+        prefill_len=_StagedRows(slots),
+        total_len=_StagedRows(slots),
+        all_token_ids=_StagedRows(slots),
+        num_computed_prefill_tokens=np.zeros(slots, dtype=np.int64),
+        num_computed_tokens_np=np.zeros(slots, dtype=np.int64),
+        num_computed_tokens=_StagedRows(slots),
+        num_speculative_steps=width,
+        draft_tokens=torch.full((slots, width), 7, dtype=torch.int64),
+    )
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("drafts", [4, 0])
+def test_draft_rows_of_arrivals_are_zeroed_together(drafts: int) -> None:
+    """vLLM's own `RequestState.add_request`, through the read sampler's wrapper: the same
+    state as without it once the step's staged writes are applied, with the draft rows
+    zeroed in one write instead of one launch per request (none when the model drafts
+    nothing)."""
+    from vllm.v1.worker.gpu.states import RequestState
+
+    from workers.engine.vllm_reads.sampler import stage_draft_resets
+
+    theirs, ours = _request_state(5, drafts), _request_state(5, drafts)
+    for s in (theirs, ours):
+        s.add_request = RequestState.add_request.__get__(s)
+    fresh: list[int] = []
+    stage_draft_resets(ours, fresh)
+    for i, prompt in enumerate(([1, 2, 3], [4, 5], [6, 7, 8, 9])):
+        kwargs = {"prompt_len": len(prompt), "all_token_ids": prompt, "max_tokens": 4}
+        theirs.add_request(f"r{i}", num_computed_tokens=0, **kwargs)
+        ours.add_request(req_id=f"r{i}", num_computed_tokens=0, **kwargs)
+    assert ours.num_speculative_steps == drafts
+    assert fresh == ([ours.req_id_to_index[f"r{i}"] for i in range(3)] if drafts else [])
+    if drafts:  # vLLM zeroed each row at once; the wrapper left them to the batched write
+        assert not torch.equal(ours.draft_tokens, theirs.draft_tokens)
+    ours.draft_tokens.index_fill_(0, torch.tensor(fresh, dtype=torch.int64), 0)
+    assert torch.equal(ours.draft_tokens, theirs.draft_tokens)
+    assert ours.req_id_to_index == theirs.req_id_to_index
+    for name in ("max_seq_len", "num_computed_prefill_tokens", "num_computed_tokens_np"):
+        assert np.array_equal(getattr(ours, name), getattr(theirs, name)), name
+    for name in ("prompt_len", "prefill_len"):
+        assert np.array_equal(getattr(ours, name).np, getattr(theirs, name).np), name
+    for name in ("total_len", "all_token_ids", "num_computed_tokens"):
+        assert getattr(ours, name).writes == getattr(theirs, name).writes, name
