@@ -160,8 +160,11 @@ class VllmSettings(BaseModel):
     # its Humming kernels for NVFP4 on compute capability 9.0 (an H100/H200) and Marlin on
     # every other pre-Blackwell card (`humming.priority._HUMMING_PREFERRED_CAPABILITIES`):
     # a 24 GB board (RTX 3090/4090, A10, L4: 8.6/8.9) runs Marlin, so "marlin" on an H200
-    # runs the kernels the target card would.
+    # runs the kernels the target card would (not on dummy weights: their random scales
+    # are negative, which Marlin's format cannot hold, and every read came back -inf on
+    # 2026-12-03). vLLM refuses a name it does not know.
     moe_backend: str | None = None
+    # The linear layers' kernels (`--linear-backend`), as `moe_backend` is the experts'.
     linear_backend: str | None = None
     # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
     # writes traces there). For profiling runs only.
