@@ -94,7 +94,7 @@ def test_the_reads_are_made_before_the_clock_starts(monkeypatch: pytest.MonkeyPa
     assert made_while_reading and set(made_while_reading) == {0}
 
 
-def card_run(tmp: Path, name: str, asynchronous: bool, rate: float) -> Path:
+def card_run(tmp: Path, name: str, asynchronous: bool, rate: float, **settings: str | None) -> Path:
     rows = [
         {
             "variant": f"vllm/{kind}",
@@ -110,7 +110,7 @@ def card_run(tmp: Path, name: str, asynchronous: bool, rate: float) -> Path:
         for depth in (1, 2)
     ]
     info = {
-        "settings": {"async_scheduling": asynchronous, "canvas_length": 64},
+        "settings": {"async_scheduling": asynchronous, "canvas_length": 64, **settings},
         "kv_cache_tokens": 40298,
         "start_s": 240.0,
     }
@@ -144,3 +144,35 @@ def test_the_scheduling_section_sets_runs_side_by_side(tmp_path: Path) -> None:
         ["1", "shared", "1"],
         ["1", "shared", "2"],
     ]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kernels", "label"),
+    [
+        ({}, "async, canvas 64"),  # a run made before the kernel settings existed
+        ({"moe_backend": None, "linear_backend": None}, "async, canvas 64"),
+        ({"moe_backend": "marlin", "linear_backend": "marlin"}, "async, canvas 64, marlin kernels"),
+        ({"moe_backend": "marlin", "linear_backend": None}, "async, canvas 64, marlin kernels"),
+        (
+            {"moe_backend": "marlin", "linear_backend": "cutlass"},
+            "async, canvas 64, cutlass/marlin kernels",
+        ),
+    ],
+)
+def test_a_run_label_names_the_kernels_it_chose(kernels: dict[str, Any], label: str) -> None:
+    settings = {"async_scheduling": True, "canvas_length": 64, **kernels}
+    assert card_rows.run_label({"settings": settings}) == label
+
+
+@pytest.mark.unit
+def test_a_run_with_chosen_kernels_is_not_the_defaults_column(tmp_path: Path) -> None:
+    # Same scheduling and canvas as the defaults, but Marlin forced: its column must not
+    # mark the figures the README quotes; the run with vLLM's own choice does.
+    forced = card_run(tmp_path, "marlin", True, 1.0, moe_backend="marlin")
+    auto = card_run(tmp_path, "auto", True, 1.5)
+    md = card_rows.render_scheduling([forced, auto])
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "figure:" not in cells[3]
+    assert cells[4].startswith("<!-- figure: defaults_shared_b256_x2 -->1536.0")

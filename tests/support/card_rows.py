@@ -162,8 +162,14 @@ SCHEDULING_COMMAND = (
 
 # The defaults these runs chose (2026-12-03): the column whose figures other pages quote.
 # Fixed here, not read from VllmSettings, so the section re-renders the same after the
-# defaults move on.
-SCHEDULING_DEFAULTS = {"async_scheduling": True, "canvas_length": 64}
+# defaults move on. The kernels are vLLM's own choice (None); runs made before the kernel
+# settings existed have no such keys and chose none.
+SCHEDULING_DEFAULTS = {
+    "async_scheduling": True,
+    "canvas_length": 64,
+    "moe_backend": None,
+    "linear_backend": None,
+}
 
 
 def scheduling_name(settings: dict[str, Any]) -> str:
@@ -218,7 +224,7 @@ def render_scheduling(paths: list[Path], date: str = "") -> str:
         (
             i
             for i, b in enumerate(runs)
-            if all(b["info"]["settings"][k] == v for k, v in SCHEDULING_DEFAULTS.items())
+            if all(b["info"]["settings"].get(k) == v for k, v in SCHEDULING_DEFAULTS.items())
         ),
         None,
     )
