@@ -21,6 +21,7 @@ __all__ = [
     "fenced",
     "fetching_partition",
     "no_auto_create",
+    "read_position",
     "rejoin_pending",
 ]
 
@@ -49,6 +50,22 @@ def no_auto_create(producer: Any) -> None:
     config = getattr(getattr(producer, "_metadata", None), "config", None)
     if isinstance(config, dict) and "allow_auto_create_topics" in config:
         config["allow_auto_create_topics"] = False
+
+
+def read_position(consumer: Any, tp: TopicPartition) -> int | None:
+    """The offset of the next record the consumer would return from `tp`, as it knows it
+    now; None when it knows none (not assigned, or awaiting a reset). kafka-python 3.0's
+    `position()` first refreshes committed offsets and resets (round trips to the broker,
+    consumer/group.py); the worker only wants the known value, which its fetcher moves past
+    what it never returns: control batches (transaction markers) and, read committed,
+    aborted records (consumer/fetcher.py, `_append`, also for a fetch that returned none)."""
+    assignment = getattr(getattr(consumer, "_subscription", None), "assignment", None)
+    state = assignment.get(tp) if isinstance(assignment, dict) else None
+    if state is None or not getattr(state, "has_valid_position", False):
+        return None
+    position = getattr(state, "position", None)
+    offset = getattr(position, "offset", position)
+    return int(offset) if isinstance(offset, int) else None
 
 
 def rejoin_pending(consumer: Any) -> bool:

@@ -20,6 +20,7 @@ from workers.kafka_quirks import (
     fenced,
     fetching_partition,
     no_auto_create,
+    read_position,
     rejoin_pending,
 )
 
@@ -127,3 +128,19 @@ def test_no_fetcher_or_nothing_in_line_names_no_partition() -> None:
     assert fetching_partition(SimpleNamespace(_fetcher=empty)) is None
     not_a_tp = SimpleNamespace(_next_partition_records=SimpleNamespace(partition=3))
     assert fetching_partition(SimpleNamespace(_fetcher=not_a_tp)) is None
+
+
+def test_read_position_is_kafka_pythons_own_known_position_and_nothing_else() -> None:
+    # kafka-python's real subscription state: an assigned partition with a position, one
+    # assigned but awaiting its first position, and one not assigned.
+    from kafka.consumer.subscription_state import SubscriptionState
+
+    t1, t2 = TopicPartition("in", 1), TopicPartition("in", 2)
+    sub = SubscriptionState()
+    sub.assign_from_user([T0, t1])
+    sub.seek(T0, 7)
+    consumer = SimpleNamespace(_subscription=sub)
+    assert read_position(consumer, T0) == 7
+    assert read_position(consumer, t1) is None  # no position yet: nothing to commit
+    assert read_position(consumer, t2) is None  # not assigned
+    assert read_position(SimpleNamespace(), T0) is None  # a client without that state

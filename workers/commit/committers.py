@@ -195,8 +195,8 @@ class ExactlyOnceCommitter:
         with self._lock:
             if self._broken is not None:
                 raise OutputFailed(self._broken)
-            if not self._sent and not marks:
-                return {}
+            if not self._sent and not marks and not ready():
+                return {}  # (ready() without sent batches: idle partitions' positions)
             # 1. The outputs: delivered, every one (kafka-python would wait forever to add
             #    offsets to a transaction an output failed in). Their batches are done:
             #    their offsets go into this transaction.

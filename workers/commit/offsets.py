@@ -11,7 +11,7 @@ listener, under the worker's state lock) drive it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from kafka import TopicPartition
 
@@ -58,9 +58,16 @@ class OffsetTracker:
         """The tracked batches holding records of `tps` (a batch once per partition)."""
         return [b for tp in tps for b in self._tracks.get(tp, ())]
 
-    def ready(self) -> Ready:
+    def ready(self, idle: Mapping[TopicPartition, int] | None = None) -> Ready:
         """Every partition whose oldest tracked batches are done: the offset to commit
-        and how many batches it covers."""
+        and how many batches it covers.
+
+        `idle`: the consumer's position in partitions it holds nothing polled and unsent
+        from. A partition without tracked batches whose position passed its committed
+        offset may be committed up to that position (covering no batch): everything in
+        between was committed work or what the consumer never returns (transaction markers,
+        aborted records). Without it, a partition whose last records are a transaction's
+        marker or an aborted transaction keeps a lag that never drains."""
         out: Ready = {}
         for tp, dq in self._tracks.items():
             n = 0
@@ -70,16 +77,21 @@ class OffsetTracker:
                 n += 1
             if n:
                 out[tp] = (dq[n - 1].last[tp] + 1, n)
+        for tp, position in (idle or {}).items():
+            committed = self.committed.get(tp)
+            if tp not in self._tracks and committed is not None and position > committed:
+                out[tp] = (position, 0)
         return out
 
     def retire(self, ready: Ready) -> None:
         """`ready` was committed: drop the batches it covers, remember the offsets."""
         for tp, (offset, n) in ready.items():
-            dq = self._tracks[tp]
-            for _ in range(n):
-                self._release(dq.popleft(), tp)
-            if not dq:
-                del self._tracks[tp]
+            dq = self._tracks.get(tp)
+            if dq is not None:
+                for _ in range(n):
+                    self._release(dq.popleft(), tp)
+                if not dq:
+                    del self._tracks[tp]
             self.committed[tp] = offset
 
     def forget(self, tps: Iterable[TopicPartition], *, keep_committed: bool = False) -> int:

@@ -18,9 +18,12 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from kafka import TopicPartition
+
 from workers.batches import Batch, tp_name
 from workers.commit import Marks
 from workers.errors import CommitRefused, OutputFailed, WorkerFailed
+from workers.kafka_quirks import read_position
 from workers.outage import Outage
 from workers.stream.actions import TABLE, Action, counts_when_abandoned, kind_of, outage_of
 from workers.stream.shared import Completions, DeliveryPort, Shared
@@ -132,8 +135,10 @@ class Recovery:
         if s.failure is not None:
             return
         self._note_membership()
+        # Only the consumer thread reads positions: the listener runs inside its poll().
+        idle = self._idle_positions() if sync else {}
         try:
-            committed = self._delivery.commit(s.offsets.ready, sync=sync, marks=marks)
+            committed = self._delivery.commit(lambda: s.offsets.ready(idle), sync=sync, marks=marks)
         except (CommitRefused, OutputFailed) as exc:
             self.act(exc)
             return
@@ -143,6 +148,21 @@ class Recovery:
             self._redo_streak = 0
             s.offsets.retire(committed)
             s.metrics.set_in_flight(s.offsets.in_flight)
+
+    def _idle_positions(self) -> dict[TopicPartition, int]:
+        """The consumer's position in each assigned partition that holds nothing polled
+        and unsent (the batch being filled) and no pending rewind (whose dropped records
+        the position has passed); the tracker takes those without batches in flight."""
+        s = self._s
+        held = set(s.acc.last) if s.acc is not None else set()
+        out: dict[TopicPartition, int] = {}
+        for tp in s.assignment:
+            if tp in held or tp in s.rewind:
+                continue
+            position = read_position(self._consumer, tp)
+            if position is not None:
+                out[tp] = position
+        return out
 
     def _note_membership(self) -> None:
         """Abandon the open work when the member id changed under it: the member was out of

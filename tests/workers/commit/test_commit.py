@@ -4,6 +4,7 @@ of the committers' Kafka calls (fakes of kafka-python's clients, `tests/kafka_fa
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from kafka import TopicPartition
@@ -39,6 +40,32 @@ def _output(b: Batch) -> Output:
 
 
 # --------------------------------------------------------------------------- the tracker
+
+
+@pytest.mark.parametrize(
+    ("tracked", "committed", "position", "expected"),
+    [
+        (False, 10, 12, {T0: (12, 0)}),  # past a marker and an aborted record: committed
+        (False, 10, 10, {}),  # nothing skipped since the commit
+        (False, 10, 9, {}),  # behind the commit (a rewind under way): never backwards
+        (False, None, 12, {}),  # never committed here: where its work began is unknown
+        (True, 10, 12, {}),  # a batch of it in flight: its own prefix decides
+    ],
+    ids=["skipped-tail", "caught-up", "behind", "never-committed", "in-flight"],
+)
+def test_an_idle_partition_commits_up_to_the_consumers_position(
+    tracked: bool, committed: int | None, position: int, expected: dict[TopicPartition, Any]
+) -> None:
+    t = OffsetTracker()
+    if committed is not None:
+        t.committed[T0] = committed
+    if tracked:
+        t.track(_batch(1, (T0, 10)))
+    assert t.ready({T0: position}) == expected
+    assert t.ready() == {}  # without positions, as before
+    t.retire(t.ready({T0: position}))
+    assert t.committed.get(T0) == (12 if expected else committed)
+    assert t.in_flight == (1 if tracked else 0)
 
 
 def test_a_partition_commits_only_its_contiguous_done_prefix() -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import TopicPartition
+from kafka.consumer.subscription_state import SubscriptionState
 from kafka.structs import OffsetAndMetadata
 
 from workers.batches import Batch, Entry, Output
@@ -147,6 +148,9 @@ class FakeConsumer:
         self.lookups: list[tuple[TopicPartition, dict[str, Any]]] = []
         self.rejoin = False
         self.high: dict[TopicPartition, int | BaseException | None] = {}
+        # kafka-python's own subscription state, where the fetcher keeps its positions
+        # (`workers.kafka_quirks.read_position`): none known until `stand_at`.
+        self._subscription = SubscriptionState()
 
         consumer = self
 
@@ -155,6 +159,12 @@ class FakeConsumer:
                 return consumer.rejoin
 
         self._coordinator = _Coordinator()
+
+    def stand_at(self, positions: dict[TopicPartition, int]) -> None:
+        """The fetcher's positions, as kafka-python's poll leaves them."""
+        self._subscription.assign_from_user(sorted(self.assigned | set(positions)))
+        for tp, offset in positions.items():
+            self._subscription.seek(tp, offset)
 
     def feed(self, records: dict[TopicPartition, list[Rec]]) -> None:
         self.queued.append(records)

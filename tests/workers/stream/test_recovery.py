@@ -289,6 +289,30 @@ def test_settling_with_nothing_done_retires_nothing() -> None:
     assert s.offsets.in_flight == 1 and s.offsets.committed == {}
 
 
+def test_settling_commits_an_idle_partition_up_to_the_consumers_position() -> None:
+    r, s, done, delivery, consumer, _ = _recovery()
+    s.assignment = {T0, T1}
+    b = batch(1, (T0, 0), (T1, 4))
+    _in_flight(s, b)
+    done.done(b)
+    r.settle(sync=True)
+    assert s.offsets.committed == {T0: 1, T1: 5}
+    # The fetcher passed what it never returns (a transaction's marker, aborted records)
+    # in both; T1's last poll was dropped for a rewind, so its position proves nothing.
+    consumer.stand_at({T0: 3, T1: 7})
+    s.rewind[T1] = 5
+    r.settle(sync=False)  # the rebalance listener reads no positions
+    r.settle(sync=True)
+    assert delivery.calls[-2:] == [("commit", {}, False, {}), ("commit", {T0: (3, 0)}, True, {})]
+    assert s.offsets.committed == {T0: 3, T1: 5} and s.offsets.in_flight == 0
+    # Records of T1 polled and not yet sent (the batch being filled): not idle either.
+    s.rewind.clear()
+    s.acc = batch(2, (T1, 7))
+    r.settle(sync=True)
+    assert delivery.calls[-1] == ("commit", {}, True, {})
+    assert s.offsets.committed == {T0: 3, T1: 5}
+
+
 def test_settling_after_a_failure_commits_nothing() -> None:
     r, s, done, delivery, _, _ = _recovery()
     b = batch(1, (T0, 0))
