@@ -6,14 +6,9 @@ see no work that is not there. Both delivery modes, a real broker."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from waiting import wait_for
 from worker_helpers import Pipeline, WorkerThread, request_bytes
-
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
 
 pytestmark = pytest.mark.broker
 
@@ -54,19 +49,9 @@ def _upstream(p: Pipeline) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_a_partition_ending_in_markers_or_aborted_records_drains_to_lag_0(
-    kafka_connection: KafkaConnection,
-    unique_name: Any,
-    worker_threads: list[WorkerThread],
-    delivery: str,
+    pipeline: Pipeline, worker_threads: list[WorkerThread], delivery: str
 ) -> None:
-    p = Pipeline(
-        kafka_connection,
-        input=unique_name("in"),
-        output=unique_name("out"),
-        dead=unique_name("dlq"),
-        group=unique_name("g"),
-    )
-    ensure_topics(kafka_connection, {p.input: 2, p.output: 1, p.dead: 1})
+    p = pipeline
     want, aborted = _upstream(p)
     worker = WorkerThread(p.settings(delivery=delivery)).start()
     worker_threads.append(worker)
@@ -74,7 +59,8 @@ def test_a_partition_ending_in_markers_or_aborted_records_drains_to_lag_0(
     out.read_until(lambda r: worker.error is not None or want <= set(r.keys()), 60, "every result")
     assert worker.error is None, worker.error
     # Partition 0: three records and the commit marker (offsets 0-3); partition 1: two
-    # records, the commit marker, two aborted records and the abort marker (0-5).
+    # records, the commit marker, two aborted records and the abort marker (0-5). The
+    # other partitions are empty (nothing to commit, no lag).
     wait_for(lambda: p.lag() == 0, 30, "the group's lag to reach 0")
     assert p.committed() == {0: 4, 1: 6}
     out.read_to_end()
