@@ -59,13 +59,10 @@ def read_position(consumer: Any, tp: TopicPartition) -> int | None:
     consumer/group.py); the worker only wants the known value, which its fetcher moves past
     what it never returns: control batches (transaction markers) and, read committed,
     aborted records (consumer/fetcher.py, `_append`, also for a fetch that returned none)."""
-    assignment = getattr(getattr(consumer, "_subscription", None), "assignment", None)
-    state = assignment.get(tp) if isinstance(assignment, dict) else None
-    if state is None or not getattr(state, "has_valid_position", False):
+    state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
+    if state is None or not state.has_valid_position:
         return None
-    position = getattr(state, "position", None)
-    offset = getattr(position, "offset", position)
-    return int(offset) if isinstance(offset, int) else None
+    return int(state.position.offset)
 
 
 def rejoin_pending(consumer: Any) -> bool:
