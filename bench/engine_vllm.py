@@ -42,7 +42,7 @@ use_test_support()
 
 # The rows' harness and their section live with the tests that check them (bench imports
 # tests/support, never the other way round).
-from support.card_rows import measure, scheduling_name  # noqa: E402
+from support.card_rows import measure, probe, scheduling_name  # noqa: E402
 
 # vLLM's "compressed-tensors" NVFP4 weight-only layout (llm-compressor's nvfp4-pack-quantized):
 # 4-bit float weights in groups of 16 with a per-group scale, activations unquantized; the
@@ -240,6 +240,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": args.max_model_len,
         "moe_backend": args.moe_backend,
         "linear_backend": args.linear_backend,
+        "cudagraph_mode": args.cudagraph_mode,
     }
     if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
         knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
@@ -269,6 +270,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         seqs_used = engine._engine.vllm_config.scheduler_config.max_num_seqs
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab, peak)
+        # The same fixed reads in every run, for comparing two engine settings' answers.
+        answers = await probe(engine, args, vocab)
         if args.profile:
             await profile(engine, args, vocab)
         await engine.close()
@@ -306,7 +309,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     brief = {k: v for k, v in info.items() if k not in ("settings", "memory_timeline")}
     print(f"# {json.dumps(brief)}", flush=True)
-    return {"info": info, "rows": rows, "args": vars(args)}
+    return {"info": info, "rows": rows, "args": vars(args), "probe": answers}
 
 
 def card_reports() -> list[dict[str, Any]]:
@@ -342,6 +345,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--moe-backend", default=None, help="vLLM's MoE kernels (e.g. marlin)")
     ap.add_argument("--linear-backend", default=None, help="vLLM's linear kernels")
+    ap.add_argument(
+        "--cudagraph-mode",
+        choices=["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"],
+        default=None,
+        help="vLLM's CUDA graph mode (default: vLLM's own)",
+    )
     ap.add_argument(
         "--in-flight",
         default="1",

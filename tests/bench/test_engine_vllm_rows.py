@@ -176,3 +176,67 @@ def test_a_run_with_chosen_kernels_is_not_the_defaults_column(tmp_path: Path) ->
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "figure:" not in cells[3]
     assert cells[4].startswith("<!-- figure: defaults_shared_b256_x2 -->1536.0")
+
+
+class AnsweringEngine:
+    """Answers every slot with probabilities drawn from the read's own canvas ids, so the
+    same reads give the same answers and other reads other ones."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+
+    async def read(self, reads: list[Any]) -> list[Any]:
+        self.batches.append(reads)
+        out = []
+        for r in reads:
+            slots = []
+            for s in r.slots:
+                w = [
+                    1.0 + (r.canvas_ids[s.position] * (i + 1)) % 7 for i in range(len(s.label_ids))
+                ]
+                slots.append(SimpleNamespace(probs=[x / sum(w) for x in w]))
+            out.append(SimpleNamespace(slots=tuple(slots)))
+        return out
+
+
+@pytest.mark.unit
+def test_the_probe_reads_the_same_mixed_batch_in_every_run() -> None:
+    """One batch, half of it one question set: the same reads (and answers) every run."""
+    first, second = AnsweringEngine(), AnsweringEngine()
+    a = asyncio.run(card_rows.probe(first, args_for("1", "1"), 1000))
+    b = asyncio.run(card_rows.probe(second, args_for("1", "1"), 1000))
+    assert len(first.batches) == 1 and len(first.batches[0]) == card_rows.PROBE_READS
+    shared = [r for r in first.batches[0] if r.shared_prefix_len]
+    assert len(shared) == card_rows.PROBE_READS // 2
+    assert len({r.prompt_ids[:24] for r in shared}) == 1
+    assert first.batches[0] == second.batches[0]
+    assert card_rows.probe_agreement(a, b) == {
+        "slots": sum(len(r) for r in a),
+        "answers_differ": 0,
+        "max_probability_gap": 0.0,
+    }
+
+
+@pytest.mark.unit
+def test_probe_agreement_counts_moved_answers_and_the_largest_gap() -> None:
+    a = [[[0.7, 0.3], [0.2, 0.5, 0.3]], [[0.5, 0.5], [1.0, 0.0, 0.0]]]
+    b = [[[0.4, 0.6], [0.2, 0.45, 0.35]], [[0.5, 0.5], [0.9, 0.05, 0.05]]]
+    got = card_rows.probe_agreement(a, b)
+    assert got["slots"] == 4 and got["answers_differ"] == 1
+    assert got["max_probability_gap"] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="same reads"):
+        card_rows.probe_agreement(a, [a[0]])
+
+
+@pytest.mark.unit
+def test_a_run_with_a_graph_mode_says_so_and_is_not_the_defaults_column(tmp_path: Path) -> None:
+    full = {"async_scheduling": True, "canvas_length": 64, "cudagraph_mode": "FULL"}
+    assert card_rows.run_label({"settings": full}) == "async, canvas 64, FULL graphs"
+    assert card_rows.run_label({"settings": {**full, "cudagraph_mode": None}}) == "async, canvas 64"
+    graphs = card_run(tmp_path, "full", True, 1.0, cudagraph_mode="FULL")
+    auto = card_run(tmp_path, "auto", True, 1.5)
+    md = card_rows.render_scheduling([graphs, auto])
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "figure:" not in cells[3]
+    assert cells[4].startswith("<!-- figure: defaults_shared_b256_x2 -->1536.0")

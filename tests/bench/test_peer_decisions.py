@@ -575,3 +575,29 @@ def test_render_puts_the_peer_beside_the_in_process_rows(tmp_path: Path) -> None
     assert "| 1 | unique | 60 (40 / 90) | - | - | 0 |" in lines
     assert "first 79 prompt tokens" in md and "24053" in md
     assert "the emulated 24 GiB card" in md
+
+
+@pytest.mark.unit
+def test_render_holds_the_peer_against_one_batch_in_flight(tmp_path: Path) -> None:
+    """The peer's client holds `batch` requests at once; an in-process run's rows of four
+    batches in flight (the card runs keep both) are not what it is held against."""
+    info = {"vllm": "0.33.0", "endpoint": "/v1/decisions", "mode": "joint", "quant": "nvfp4",
+            "gpu_memory_utilization": 0.9, "kv_cache_tokens": 4609, "start_s": 201.0,
+            "prompt_tokens": 256, "shared_prefix_tokens": 79}  # fmt: skip
+    peer_rows = [{"variant": "peer/unique", "batch": 256, "questions_per_s": 300.0,
+                  "p50_ms": 40.0, "p99_ms": 90.0, "errors": 0}]  # fmt: skip
+    (tmp_path / "peer.json").write_text(json.dumps({"info": info, "rows": peer_rows}))
+    ours = [
+        {
+            "variant": "vllm/unique",
+            "batch": 256,
+            "in_flight": depth,
+            "reads_per_s": rate,
+            "p50_ms": 900.0,
+            "p99_ms": 1200.0,
+        }
+        for depth, rate in ((1, 200.0), (4, 250.0))
+    ]
+    (tmp_path / "ours.json").write_text(json.dumps({"info": {}, "rows": ours}))
+    md = peer.render(tmp_path / "peer.json", [("ours", tmp_path / "ours.json")])
+    assert "| 256 | unique | 300 (40 / 90) | 600 (900 / 1200) | 2.00x | 0 |" in md.splitlines()

@@ -30,6 +30,8 @@ __all__ = [
     "in_flight_depths",
     "measure",
     "percentile",
+    "probe",
+    "probe_agreement",
     "render_scheduling",
     "run_label",
     "scheduling_name",
@@ -142,6 +144,43 @@ async def measure(
     return rows
 
 
+# Reads the probe makes: half unique prompts, half one question set, in one batch, so its
+# steps mix new prompts with canvases (the steps whose CUDA graph mode differs).
+PROBE_READS = 64
+
+
+async def probe(engine: Any, args: argparse.Namespace, vocab: int) -> list[list[list[float]]]:
+    """Every slot's label probabilities for the same reads in every run (a fixed seed,
+    apart from the rows' own), so two engine settings' answers can be held side by side
+    (`probe_agreement`)."""
+    from support.reads import make_reads
+
+    rng = random.Random(7)
+    half = PROBE_READS // 2
+    pre = make_reads(1, args.prompt, args.canvas, 0, vocab, rng)[0].prompt_ids[: args.shared]
+    shared = [
+        type(r)(pre + r.prompt_ids[args.shared :], r.canvas_ids, r.slots, args.shared)
+        for r in make_reads(half, args.prompt, args.canvas, 0, vocab, rng)
+    ]
+    reads = make_reads(half, args.prompt, args.canvas, 0, vocab, rng) + shared
+    out = await engine.read(reads)
+    return [[[float(p) for p in slot.probs] for slot in r.slots] for r in out]
+
+
+def probe_agreement(a: list[list[list[float]]], b: list[list[list[float]]]) -> dict[str, Any]:
+    """How far two runs' probes are apart: slots compared, slots whose most likely label
+    differs, and the largest gap between two probabilities of the same label."""
+    if [[len(slot) for slot in read] for read in a] != [[len(slot) for slot in read] for read in b]:
+        raise ValueError("the probes are not of the same reads")
+    slots = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    differ = sum(
+        max(range(len(x)), key=x.__getitem__) != max(range(len(y)), key=y.__getitem__)
+        for x, y in slots
+    )
+    gap = max((abs(p - q) for x, y in slots for p, q in zip(x, y, strict=True)), default=0.0)
+    return {"slots": len(slots), "answers_differ": differ, "max_probability_gap": gap}
+
+
 # --- docs/benchmarks.md: scheduling and batches in flight on the card -------------------------
 
 SCHEDULING_COMMAND = (
@@ -169,6 +208,7 @@ SCHEDULING_DEFAULTS = {
     "canvas_length": 64,
     "moe_backend": None,
     "linear_backend": None,
+    "cudagraph_mode": None,
 }
 
 
@@ -186,6 +226,8 @@ def run_label(info: dict[str, Any]) -> str:
     kernels = {s.get("moe_backend"), s.get("linear_backend")} - {None}
     if kernels:
         label += ", " + "/".join(sorted(kernels)) + " kernels"
+    if s.get("cudagraph_mode"):
+        label += f", {s['cudagraph_mode']} graphs"
     return label
 
 

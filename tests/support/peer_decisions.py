@@ -716,7 +716,13 @@ def _ratio(other: dict[str, Any] | None, peer: dict[str, Any]) -> str:
 
 
 def _by_kind(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(r["variant"].split("/")[-1], r["batch"]): r for r in rows}
+    """Rows by kind and batch. An in-process run's rows of more than one batch in flight
+    are left out: the peer's client holds `batch` requests at the server, one batch."""
+    return {
+        (r["variant"].split("/")[-1], r["batch"]): r
+        for r in rows
+        if r.get("in_flight") in (None, 1)
+    }
 
 
 def render(path: Path, beside: Sequence[tuple[str, Path]] = ()) -> str:

@@ -155,6 +155,13 @@ class VllmSettings(BaseModel):
     # full-size shape (2026-12-01), and took 1.7 s for the gpu tests' 300 demo-model
     # requests with it on (2026-12-03) against 9.8 s off (2026-12-02): one default for both.
     async_scheduling: bool | None = True
+    # vLLM's CUDA graph mode (`compilation_config.cudagraph_mode`); None = vLLM's default,
+    # FULL_AND_PIECEWISE: a step that mixes new prompts with canvases (most steps of a
+    # busy worker) then runs piecewise, its attention ops in Python between graph pieces
+    # (28.5% of the engine core's thread on the emulated card, 2026-12-04). "FULL" graphs
+    # mixed steps whole too; vLLM's TRITON_ATTN backend (the default here) supports that,
+    # and DiffusionGemma's per-request causal flags are a tensor the graph reads.
+    cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] | None = None
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
     # its Humming kernels for NVFP4 on compute capability 9.0 (an H100/H200) and Marlin on
@@ -396,6 +403,8 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         args["cudagraph_capture_sizes"] = list(sizes)
     if settings.async_scheduling is not None:
         args["async_scheduling"] = settings.async_scheduling
+    if settings.cudagraph_mode is not None:
+        args["compilation_config"] = {"cudagraph_mode": settings.cudagraph_mode}
     for kernel in ("moe_backend", "linear_backend"):
         if getattr(settings, kernel) is not None:
             args[kernel] = getattr(settings, kernel)
@@ -442,6 +451,8 @@ def serve_command(
             cmd += [f"--{flag}", str(value)]
     if "cudagraph_capture_sizes" in a:
         cmd += ["--cudagraph-capture-sizes", *(str(n) for n in a["cudagraph_capture_sizes"])]
+    if "compilation_config" in a:
+        cmd += ["--compilation-config", json.dumps(a["compilation_config"])]
     if "async_scheduling" in a:
         cmd.append("--async-scheduling" if a["async_scheduling"] else "--no-async-scheduling")
     switches = {

@@ -685,6 +685,7 @@ def test_serve_command_gives_vllm_the_in_process_engine_args(
         VllmSettings(load_format="dummy", async_scheduling=True, cudagraph_capture_sizes=None),
         VllmSettings(load_format="dummy", async_scheduling=None, cudagraph_capture_sizes=(1, 8)),
         VllmSettings(load_format="dummy", moe_backend="marlin", linear_backend="marlin"),
+        VllmSettings(load_format="dummy", cudagraph_mode="FULL"),
     ):
         cmd = serve_command(settings, port=8123, name="demo")
         assert cmd[0] == "serve"
@@ -711,6 +712,16 @@ def test_graphs_are_captured_up_to_the_token_budget_by_default(budget: int) -> N
     assert "cudagraph_capture_sizes" not in engine_args(
         VllmSettings(load_format="dummy", cudagraph_capture_sizes=None)
     )
+
+
+@pytest.mark.parametrize("mode", ["FULL", "PIECEWISE", "FULL_AND_PIECEWISE", "NONE"])
+def test_a_cudagraph_mode_reaches_vllms_compilation_config(mode: str) -> None:
+    """Unset, vLLM picks its own mode; set, the mode is vLLM's enum of that name."""
+    from vllm.config import CUDAGraphMode
+
+    ours = AsyncEngineArgs(**engine_args(VllmSettings(load_format="dummy", cudagraph_mode=mode)))
+    assert ours.compilation_config.cudagraph_mode == CUDAGraphMode[mode]
+    assert "compilation_config" not in engine_args(VllmSettings(load_format="dummy"))
 
 
 @pytest.mark.parametrize("asked", [127, 128, 256])
