@@ -241,6 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "moe_backend": args.moe_backend,
         "linear_backend": args.linear_backend,
         "cudagraph_mode": args.cudagraph_mode,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
     }
     if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
         knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
@@ -331,6 +332,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help="a share of the whole GPU for vLLM (0: the settings' gpu_memory_utilization)",
+    )
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="of the (emulated) card, as in the settings (default: the settings')",
     )
     ap.add_argument("--read-path", choices=["dgstream", "stock"], default="dgstream")
     ap.add_argument(

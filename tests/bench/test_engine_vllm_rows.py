@@ -233,6 +233,12 @@ def test_a_run_with_a_graph_mode_says_so_and_is_not_the_defaults_column(tmp_path
     full = {"async_scheduling": True, "canvas_length": 64, "cudagraph_mode": "FULL"}
     assert card_rows.run_label({"settings": full}) == "async, canvas 64, FULL graphs"
     assert card_rows.run_label({"settings": {**full, "cudagraph_mode": None}}) == "async, canvas 64"
+    # Their card needs a lower share than the default's: a run at another share says it.
+    lower = {**full, "gpu_memory_utilization": 0.86}
+    assert card_rows.run_label({"settings": lower}).endswith(", gpu_memory_utilization 0.86")
+    assert card_rows.run_label({"settings": {**full, "gpu_memory_utilization": 0.9}}) == (
+        "async, canvas 64, FULL graphs"
+    )
     graphs = card_run(tmp_path, "full", True, 1.0, cudagraph_mode="FULL")
     auto = card_run(tmp_path, "auto", True, 1.5)
     md = card_rows.render_scheduling([graphs, auto])

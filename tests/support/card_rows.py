@@ -212,6 +212,10 @@ SCHEDULING_DEFAULTS = {
 }
 
 
+# VllmSettings' default share of the card, as the card runs had it: a run with another names it.
+DEFAULT_UTILIZATION = 0.9
+
+
 def scheduling_name(settings: dict[str, Any]) -> str:
     """A run's `async_scheduling` setting in words."""
     names = {None: "async (vLLM default)", True: "async", False: "sync"}
@@ -228,6 +232,9 @@ def run_label(info: dict[str, Any]) -> str:
         label += ", " + "/".join(sorted(kernels)) + " kernels"
     if s.get("cudagraph_mode"):
         label += f", {s['cudagraph_mode']} graphs"
+    share = s.get("gpu_memory_utilization")
+    if share is not None and share != DEFAULT_UTILIZATION:
+        label += f", gpu_memory_utilization {share}"
     return label
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import time
 import urllib.error
@@ -160,7 +161,10 @@ class VllmSettings(BaseModel):
     # busy worker) then runs piecewise, its attention ops in Python between graph pieces
     # (28.5% of the engine core's thread on the emulated card, 2026-12-04). "FULL" graphs
     # mixed steps whole too; vLLM's TRITON_ATTN backend (the default here) supports that,
-    # and DiffusionGemma's per-request causal flags are a tensor the graph reads.
+    # and DiffusionGemma's per-request causal flags are a tensor the graph reads. FULL on
+    # the emulated 24 GB card (2026-12-04): batch-1 p50 26 ms unique / 21 shared against 43
+    # / 31, but its graphs need the card's room outside gpu_memory_utilization
+    # (`check_full_graphs`): at most 0.87 of a 24 GB card, so not the default.
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] | None = None
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
@@ -357,6 +361,37 @@ def stock_utilization(settings: VllmSettings, max_num_seqs: int) -> float:
 # settings are wrong, not tight.
 MIN_STOCK_UTILIZATION = 0.05
 
+# What a card needs outside gpu_memory_utilization when every step is one CUDA graph
+# (cudagraph_mode "FULL"): vLLM's budget does not bound their capture. Measured on the
+# emulated 24 GB card (23.6 GiB, 1.0 GiB of it the CUDA context outside PyTorch's
+# allocator), 2026-12-04, the read path's defaults (256 reads, graphs to 4,096 tokens): at
+# 0.86 the engine process's allocator peaked at 21.88 GiB, 1.59 past the 20.29 budget; at
+# 0.9 the capture ran out of memory. 1.0 + 1.6 GiB, and 0.4 of margin (0.86 left 0.72
+# spare), so that the advice on a 24 GB card (0.87) is a measured start.
+FULL_GRAPHS_HEADROOM_GIB = 3.0
+
+
+def check_full_graphs(settings: VllmSettings, utilization: float) -> None:
+    """`EngineConfigError` naming the settings when FULL CUDA graphs would leave the card
+    too little outside vLLM's budget to be captured (vLLM fails late, in its warmup, with
+    an allocator trace). Other modes, or no known card, pass."""
+    if settings.cudagraph_mode != "FULL":
+        return
+    card = card_bytes()
+    if card is None:
+        return
+    need = FULL_GRAPHS_HEADROOM_GIB * 2**30
+    if card * (1 - utilization) >= need:
+        return
+    most = math.floor((1 - need / card) * 100) / 100
+    raise EngineConfigError(
+        f"engine.vllm: cudagraph_mode 'FULL' needs about {FULL_GRAPHS_HEADROOM_GIB} GiB of "
+        f"this {card / 2**30:.1f} GiB card outside gpu_memory_utilization (its graphs are "
+        f"captured past vLLM's budget); gpu_memory_utilization {utilization} leaves "
+        f"{card * (1 - utilization) / 2**30:.2f} GiB: set it to at most {most}, or leave "
+        "cudagraph_mode unset"
+    )
+
 
 def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[str, Any]:
     """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs` (settings checked and
@@ -370,6 +405,7 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
     utilization = (
         stock_utilization(settings, seqs) if path == "stock" else settings.gpu_memory_utilization
     )
+    check_full_graphs(settings, utilization)
     options = ReadPathOptions(
         enabled=path == "dgstream", logits_tile_mib=settings.logits_tile_mib, max_num_seqs=seqs
     )

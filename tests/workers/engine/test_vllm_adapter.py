@@ -724,6 +724,55 @@ def test_a_cudagraph_mode_reaches_vllms_compilation_config(mode: str) -> None:
     assert "compilation_config" not in engine_args(VllmSettings(load_format="dummy"))
 
 
+# (card GiB, cudagraph_mode, gpu_memory_utilization, read path, refused): FULL graphs
+# need 3.0 GiB of the card outside the budget (0.9 of 23.6 leaves 2.36, 0.88 2.83; 0.87
+# leaves 3.07, 0.86 3.30, the measured starts); other modes and bigger cards pass; the
+# stock path's reserve lowers the utilization first, which leaves the room.
+FULL_GRAPH_CASES = [
+    ("23.6", "FULL", 0.9, "dgstream", True),
+    ("23.6", "FULL", 0.88, "dgstream", True),
+    ("23.6", "FULL", 0.87, "dgstream", False),
+    ("23.6", "FULL", 0.86, "dgstream", False),
+    ("23.6", "FULL_AND_PIECEWISE", 0.9, "dgstream", False),
+    ("23.6", None, 0.95, "dgstream", False),
+    ("47.5", "FULL", 0.9, "dgstream", False),
+    ("23.6", "FULL", 0.9, "stock", False),
+]
+
+
+@pytest.mark.parametrize(("card", "mode", "share", "path", "refused"), FULL_GRAPH_CASES)
+def test_full_graphs_that_cannot_be_captured_on_the_card_are_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+    card: str,
+    mode: str | None,
+    share: float,
+    path: str,
+    refused: bool,
+) -> None:
+    from workers.engine.types import EngineConfigError
+    from workers.engine.vllm_backend import CARD_ENV
+
+    monkeypatch.setenv(CARD_ENV, card)
+    settings = VllmSettings(
+        load_format="dummy",
+        cudagraph_mode=mode,
+        gpu_memory_utilization=share,
+        read_path=path,
+        canvas_length=16,
+    )
+    if not refused:
+        assert engine_args(settings)["gpu_memory_utilization"] <= share
+        return
+    with pytest.raises(EngineConfigError) as err:
+        engine_args(settings)
+    text = str(err.value)
+    assert "cudagraph_mode 'FULL'" in text and f"gpu_memory_utilization {share}" in text
+    most = float(text.split("at most ")[1].split(",")[0])
+    # The advice is itself a start: 0.87 of this card.
+    assert most == 0.87
+    assert engine_args(settings.model_copy(update={"gpu_memory_utilization": most}))
+
+
 @pytest.mark.parametrize("asked", [127, 128, 256])
 @pytest.mark.parametrize("path", ["stock", "dgstream"])
 def test_vllm_lowers_max_num_seqs_from_128_unless_the_read_path_keeps_it(
