@@ -181,6 +181,11 @@ def main() -> int:
         help="the card's scheduling section from card runs' JSON, the first the baseline",
     )
     ap.add_argument("--date", default="", help="the device session's date, for a section")
+    ap.add_argument(
+        "--section",
+        default="card24-scheduling",
+        help="with --render-scheduling: the session's section (support.card_rows.SESSIONS)",
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
     ap.add_argument("--prompt", type=int, default=256)
@@ -231,8 +236,8 @@ def main() -> int:
 
         from bench.report import write_section
 
-        md = render_scheduling([Path(p) for p in args.render_scheduling], args.date)
-        write_section("card24-scheduling", md)
+        md = render_scheduling([Path(p) for p in args.render_scheduling], args.date, args.section)
+        write_section(args.section, md)
         print(md)
         return 0
     if args.render_vllm:

@@ -246,3 +246,44 @@ def test_a_run_with_a_graph_mode_says_so_and_is_not_the_defaults_column(tmp_path
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "figure:" not in cells[3]
     assert cells[4].startswith("<!-- figure: defaults_shared_b256_x2 -->1536.0")
+
+
+@pytest.mark.unit
+def test_a_session_section_names_the_read_path_and_holds_each_probe_against_the_first(
+    tmp_path: Path,
+) -> None:
+    defaults = card_run(tmp_path, "defaults", True, 1.0)
+    stock = card_run(tmp_path, "stock", True, 0.5, read_path="stock")
+    lower = card_run(tmp_path, "lower", True, 1.2, cudagraph_mode="FULL")
+    probe = [[[0.7, 0.3], [0.2, 0.5, 0.3]]]
+    for path, answers in (
+        (defaults, probe),
+        (stock, [[[0.6, 0.4], [0.2, 0.5, 0.3]]]),
+        (lower, [[[0.3, 0.7], [0.2, 0.5, 0.3]]]),
+    ):
+        body = json.loads(path.read_text())
+        path.write_text(json.dumps({**body, "probe": answers}))
+    md = card_rows.render_scheduling([defaults, stock, lower], "2026-12-05", "card24-side-by-side")
+    assert md.startswith("## The 24 GB card side by side") and "(2026-12-05)" in md.splitlines()[0]
+    header = next(line for line in md.splitlines() if line.startswith("| batch"))
+    assert "vLLM's own read path, async, canvas 64" in header
+    # vLLM's own read path is never the defaults' column, though its scheduling and canvas are.
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3].startswith("<!-- figure: defaults_shared_b256_x2 -->")
+    assert "figure:" not in cells[4] and "figure:" not in cells[5]
+    assert cells[6:] == ["0.50x", "1.20x"]
+    agree = next(line for line in md.splitlines() if line.startswith("The probe's answers"))
+    assert "vLLM's own read path, async, canvas 64: 0 of 2 slots answer otherwise" in agree
+    assert "FULL graphs: 1 of 2 slots answer otherwise, probabilities at most 0.4000" in agree
+    assert "--date 2026-12-05" in md and "DATE" not in md
+
+
+@pytest.mark.unit
+def test_a_run_at_another_share_is_not_the_defaults_column(tmp_path: Path) -> None:
+    lower = card_run(tmp_path, "lower", True, 1.0)
+    body = json.loads(lower.read_text())
+    body["info"]["settings"]["gpu_memory_utilization"] = 0.86
+    lower.write_text(json.dumps(body))
+    md = card_rows.render_scheduling([lower])
+    assert "figure:" not in md

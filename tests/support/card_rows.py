@@ -27,6 +27,7 @@ from support.figures import figure
 __all__ = [
     "SCHEDULING_COMMAND",
     "SCHEDULING_DEFAULTS",
+    "SESSIONS",
     "in_flight_depths",
     "measure",
     "percentile",
@@ -227,6 +228,8 @@ def run_label(info: dict[str, Any]) -> str:
     chosen, vLLM's kernels (runs before the setting existed chose none)."""
     s = info["settings"]
     label = f"{scheduling_name(s)}, canvas {s['canvas_length']}"
+    if s.get("read_path") == "stock":
+        label = f"vLLM's own read path, {label}"
     kernels = {s.get("moe_backend"), s.get("linear_backend")} - {None}
     if kernels:
         label += ", " + "/".join(sorted(kernels)) + " kernels"
@@ -238,10 +241,38 @@ def run_label(info: dict[str, Any]) -> str:
     return label
 
 
-def render_scheduling(paths: list[Path], date: str = "") -> str:
+# The device sessions rendered by `render_scheduling`: docs/benchmarks.md's section name ->
+# (its title, the commands that reproduce it). One section per session, so that a later
+# session's columns never replace an earlier one's figures.
+SESSIONS: dict[str, tuple[str, str]] = {
+    "card24-scheduling": (
+        "Scheduling and batches in flight on the emulated 24 GB card",
+        SCHEDULING_COMMAND,
+    ),
+    "card24-side-by-side": (
+        "The 24 GB card side by side: the read path, FULL graphs, vLLM's own path",
+        "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        "bash bench/gpu/vllm_session.sh card sbs_defaults --in-flight 1,4\n"
+        "bash bench/gpu/vllm_session.sh card sbs_full --in-flight 1,4 --cudagraph-mode FULL "
+        "--gpu-memory-utilization 0.86\n"
+        "bash bench/gpu/vllm_session.sh card sbs_stock --read-path stock --served-canvas 16 "
+        "--max-model-len 4096\n"
+        "bash bench/gpu/peer_session.sh --max-model-len 4096\n"
+        "# here: this section (the first run is the baseline of the ratios)\n"
+        "python bench/engine_gpu.py --section card24-side-by-side --render-scheduling "
+        "docs/data/card24/card_sbs_defaults.json docs/data/card24/card_sbs_full.json "
+        "docs/data/card24/card_sbs_stock.json --date DATE",
+    ),
+}
+
+
+def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-scheduling") -> str:
     """The card runs of one device session side by side, one column per engine start (its
-    scheduling, its served canvas), one row per batch, kind and batches in flight; each
-    later column also as a ratio to the first."""
+    scheduling, its served canvas, its read path), one row per batch, kind and batches in
+    flight; each later column also as a ratio to the first, and its probe's answers held
+    against the first's. `section` names the session (`SESSIONS`)."""
+    title, command = SESSIONS[section]
     runs = [json.loads(p.read_text()) for p in paths]
     keyed = [
         {(r["batch"], r["variant"], r.get("in_flight", 1)): r for r in b["rows"]} for b in runs
@@ -253,8 +284,7 @@ def render_scheduling(paths: list[Path], date: str = "") -> str:
     head = "| batch | kind | batches in flight | " + " | ".join(labels)
     head += "".join(f" | {lab} / {labels[0]}" for lab in labels[1:]) + " |"
     lines = [
-        "## Scheduling and batches in flight on the emulated 24 GB card"
-        + (f" ({date})" if date else ""),
+        f"## {title}" + (f" ({date})" if date else ""),
         "",
         "The card runs' reads (256-token prompts, 16-position canvases with 3 slots, "
         "constrained, the full-size NVFP4 shape with dummy weights; `shared`: one question "
@@ -274,6 +304,9 @@ def render_scheduling(paths: list[Path], date: str = "") -> str:
             i
             for i, b in enumerate(runs)
             if all(b["info"]["settings"].get(k) == v for k, v in SCHEDULING_DEFAULTS.items())
+            and b["info"]["settings"].get("read_path", "dgstream") == "dgstream"
+            and b["info"]["settings"].get("gpu_memory_utilization", DEFAULT_UTILIZATION)
+            == DEFAULT_UTILIZATION
         ),
         None,
     )
@@ -316,11 +349,23 @@ def render_scheduling(paths: list[Path], date: str = "") -> str:
             for lab, b in zip(labels, runs, strict=True)
         )
         + ".",
-        "",
-        "Reproduce:",
-        "",
-        "```",
-        SCHEDULING_COMMAND,
-        "```",
     ]
+    # The same fixed probe batch (half unique prompts, half one question set) in every run.
+    held = [
+        (lab, probe_agreement(runs[0]["probe"], b["probe"]))
+        for lab, b in zip(labels[1:], runs[1:], strict=True)
+        if runs[0].get("probe") and b.get("probe")
+    ]
+    if held:
+        lines += [
+            "",
+            f"The probe's answers against {labels[0]}'s: "
+            + "; ".join(
+                f"{lab}: {a['answers_differ']} of {a['slots']} slots answer otherwise, "
+                f"probabilities at most {a['max_probability_gap']:.4f} apart"
+                for lab, a in held
+            )
+            + ".",
+        ]
+    lines += ["", "Reproduce:", "", "```", command.replace("DATE", date or "DATE"), "```"]
     return "\n".join(lines)
