@@ -56,7 +56,8 @@ case "${1:-}" in
     [ -n "${PROFILE:-}" ] && { mkdir -p "/root/prof/$name"; prof=(--profile "/root/prof/$name"); }
     # STACKS=1: every process's Python threads sampled during each timed row (dgstacks.py).
     [ -n "${STACKS:-}" ] && export DGSTREAM_STACKS=/root/stacks/$name
-    timeout 560 python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --batches "${BATCHES:-1,32,256}" \
+    # RUN_TIMEOUT: two card runs in one device call (at most 600 s a call) split it.
+    timeout -k 10 "${RUN_TIMEOUT:-560}" python3 bench/engine_gpu.py --engine vllm --quant nvfp4 --batches "${BATCHES:-1,32,256}" \
       --out "$out/card_$name.json" "${prof[@]}" "$@" 2>&1 | tee "$out/card_$name.log"
     [ -n "${PROFILE:-}" ] && keep_profile "$name"
     if [ -n "${STACKS:-}" ]; then
