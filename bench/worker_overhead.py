@@ -54,7 +54,7 @@ from workers.engine.factory import EngineSettings, build_classifier
 from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known
 from workers.kafka_settings import KafkaConnection
 from workers.logs import configure_logging
-from workers.settings import WorkerSettings
+from workers.settings import Delivery, WorkerSettings
 from workers.worker import StreamWorker
 
 PARTITIONS = 6
@@ -208,11 +208,16 @@ def run_worker(
     n: int,
     classifier: Any,
     batching: dict[str, int] | None = None,
+    delivery: Delivery = "at_least_once",
+    group: str | None = None,
+    on_assigned: Callable[[], Any] | None = None,
     **worker_kwargs: Any,
 ) -> dict[str, Any]:
-    """A `StreamWorker` on a thread until `n` answers are committed; its final status.
-    `worker_kwargs` go to the worker (bench/tracing_overhead.py: a tracer provider)."""
-    group = f"bench-worker-{uuid.uuid4().hex[:8]}"
+    """A `StreamWorker` on a thread until `n` answers are committed and the group's lag is
+    0; its final status. `on_assigned` is called once the worker holds partitions (a live
+    input starts then); `worker_kwargs` go to the worker (bench/tracing_overhead.py: a
+    tracer provider)."""
+    group = group or f"bench-worker-{uuid.uuid4().hex[:8]}"
     settings = WorkerSettings(
         pipeline="bench",
         input_topics=[topic],
@@ -222,12 +227,19 @@ def run_worker(
         kafka=conn,
         engine=EngineSettings(backend="fake"),
         log_level="WARNING",
+        delivery=delivery,
         **({"batching": batching} if batching else {}),
     )
     worker = StreamWorker(settings, classifier=classifier, **worker_kwargs)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 300
+    if on_assigned is not None:
+        while not worker.status()["assignment"]:
+            if worker.status()["state"] == "failed" or time.monotonic() > deadline:
+                raise RuntimeError(f"worker got no partitions: {worker.status()}")
+            time.sleep(0.05)
+        on_assigned()
     while worker.status()["answered"] < n:
         if worker.status()["state"] == "failed" or time.monotonic() > deadline:
             raise RuntimeError(f"worker did not finish: {worker.status()}")
