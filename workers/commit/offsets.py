@@ -67,7 +67,11 @@ class OffsetTracker:
         offset may be committed up to that position (covering no batch): everything in
         between was committed work or what the consumer never returns (transaction markers,
         aborted records). Without it, a partition whose last records are a transaction's
-        marker or an aborted transaction keeps a lag that never drains."""
+        marker or an aborted transaction keeps a lag that never drains. A partition whose
+        tracked batches are all done is committed up to its position at once, in the same
+        commit as theirs: behind a transactional upstream each transaction's marker would
+        otherwise cost a commit of its own once the partition goes idle."""
+        idle = idle or {}
         out: Ready = {}
         for tp, dq in self._tracks.items():
             n = 0
@@ -76,8 +80,11 @@ class OffsetTracker:
                     break
                 n += 1
             if n:
-                out[tp] = (dq[n - 1].last[tp] + 1, n)
-        for tp, position in (idle or {}).items():
+                offset = dq[n - 1].last[tp] + 1
+                if n == len(dq):
+                    offset = max(offset, idle.get(tp, offset))
+                out[tp] = (offset, n)
+        for tp, position in idle.items():
             committed = self.committed.get(tp)
             if tp not in self._tracks and committed is not None and position > committed:
                 out[tp] = (position, 0)

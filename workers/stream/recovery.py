@@ -152,7 +152,8 @@ class Recovery:
     def _idle_positions(self) -> dict[TopicPartition, int]:
         """The consumer's position in each assigned partition that holds nothing polled
         and unsent (the batch being filled) and no pending rewind (whose dropped records
-        the position has passed); the tracker takes those without batches in flight."""
+        the position has passed); the tracker takes those whose tracked batches are all
+        done (or that have none)."""
         s = self._s
         held = set(s.acc.last) if s.acc is not None else set()
         out: dict[TopicPartition, int] = {}

@@ -55,7 +55,7 @@ def _output(b: Batch) -> Output:
 )
 def test_an_idle_partition_commits_up_to_the_consumers_position(
     tracked: bool, committed: int | None, position: int, expected: dict[TopicPartition, Any]
-) -> None:
+) -> None:  # see also test_done_batches_commit_up_to_the_position_past_their_marker
     t = OffsetTracker()
     if committed is not None:
         t.committed[T0] = committed
@@ -66,6 +66,35 @@ def test_an_idle_partition_commits_up_to_the_consumers_position(
     t.retire(t.ready({T0: position}))
     assert t.committed.get(T0) == (12 if expected else committed)
     assert t.in_flight == (1 if tracked else 0)
+
+
+@pytest.mark.parametrize(
+    ("done", "position", "expected"),
+    [
+        ((True, True), 14, {T0: (14, 2)}),  # past the last transaction's marker: at once
+        ((True, True), 13, {T0: (13, 2)}),  # no marker: the batches' own offset
+        ((True, True), None, {T0: (13, 2)}),  # no position known (a rewind, or held)
+        ((True, False), 14, {T0: (11, 1)}),  # a later batch open: only the done prefix
+        ((False, True), 14, {}),  # the oldest open: nothing
+    ],
+    ids=["past-marker", "no-marker", "no-position", "later-open", "oldest-open"],
+)
+def test_done_batches_commit_up_to_the_position_past_their_marker(
+    done: tuple[bool, bool], position: int | None, expected: dict[TopicPartition, Any]
+) -> None:
+    """One commit, not two: the batches' records and the marker after them (behind a
+    transactional upstream every transaction ends in one) go in the same commit, never
+    past a batch still open."""
+    t = OffsetTracker()  # never committed: the batches say where the work began
+    b1, b2 = _batch(1, (T0, 10)), _batch(2, (T0, 11), (T0, 12))
+    for b, d in zip((b1, b2), done, strict=True):
+        t.track(b)
+        b.done = d
+    idle = {} if position is None else {T0: position}
+    assert t.ready(idle) == expected
+    t.retire(t.ready(idle))
+    assert t.committed.get(T0) == (expected[T0][0] if expected else None)
+    assert t.ready(idle) == {}  # nothing left to commit until more is done or read
 
 
 def test_a_partition_commits_only_its_contiguous_done_prefix() -> None:
