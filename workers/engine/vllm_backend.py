@@ -163,8 +163,10 @@ class VllmSettings(BaseModel):
     # mixed steps whole too; vLLM's TRITON_ATTN backend (the default here) supports that,
     # and DiffusionGemma's per-request causal flags are a tensor the graph reads. FULL on
     # the emulated 24 GB card (2026-12-04): batch-1 p50 26 ms unique / 21 shared against 43
-    # / 31, but its graphs need the card's room outside gpu_memory_utilization
-    # (`check_full_graphs`): at most 0.87 of a 24 GB card, so not the default.
+    # / 31 (that run's logs were not kept; docs/benchmarks.md's "Next on the card" runs it
+    # again beside the defaults), but its graphs need the card's room outside
+    # gpu_memory_utilization (`check_full_graphs`): at most 0.87 of a 24 GB card, so not
+    # the default until a run beside the defaults shows it pays.
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] | None = None
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
