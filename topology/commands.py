@@ -307,14 +307,17 @@ def _records(consumer: Any, tps: list[Any], *, follow: bool, idle_s: float) -> I
 
 
 def _print_letter(letter: Any, as_json: bool, raw: bool) -> None:
+    # Flushed line by line, as `tail`'s: with --follow into a pipe or a file, Python's
+    # block buffering would hold the lines back until 8 KiB of them.
     if as_json:
-        print(letter.model_dump_json())
+        print(letter.model_dump_json(), flush=True)
         return
     src = letter.source
     form = " (raw)" if raw else " (truncated)" if letter.truncated else ""
     print(
         f"{letter.request_id or '-'}  {letter.error.code}  {letter.error.message}  "
-        f"[{src.topic}/{src.partition}@{src.offset}]{form}"
+        f"[{src.topic}/{src.partition}@{src.offset}]{form}",
+        flush=True,
     )
 
 
@@ -340,7 +343,7 @@ def dlq(args: argparse.Namespace) -> int:
             try:
                 letter = DeadLetter.from_record(rec.value, rec.key, rec.headers)
             except ValueError:
-                print(f"(not a dead letter) {(rec.value or b'')[:120]!r}")
+                print(f"(not a dead letter) {(rec.value or b'')[:120]!r}", flush=True)
                 continue
             if not args.code or letter.error.code == args.code:
                 listed += 1
@@ -371,7 +374,7 @@ def _replay(producer: Any, letter: Any, target: str) -> bool:
     """Send a dead letter's original record to `target` as it was (value, key, headers);
     False (and a line) when only a prefix of it was kept."""
     if letter.truncated:
-        print(f"  not replayed: only {len(letter.original_bytes())} bytes kept")
+        print(f"  not replayed: only {len(letter.original_bytes())} bytes kept", flush=True)
         return False
     # A header without a value goes as b"": kafka-python writes no null.
     headers = [(k, v or b"") for k, v in letter.original_headers()]

@@ -217,7 +217,12 @@ def test_dlq_lists_from_the_beginning_and_exits_at_the_end(
             cwd=Path(__file__).resolve().parents[2],
             stdout=sink,
             stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            # Without PYTHONUNBUFFERED (a developer's shell may set it): the lines must
+            # come as they are found, into a file as into a pipe.
+            env={
+                **{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+                "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            },
             # As a shell starts a background job, SIGINT ignored: Ctrl-C must work anyway.
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
