@@ -5,7 +5,10 @@ jars). Each sends records with keys and headers in batches of the codec it is gi
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -87,6 +90,17 @@ def librdkafka_produce(
     assert not errors and not left, f"librdkafka ({codec}): {errors or f'{left} not delivered'}"
 
 
+@functools.cache
+def _quiet_log4j() -> Path:
+    """The console producers' logging configuration: one file for the test process, removed
+    when it exits (the JVMs read it at their start)."""
+    folder = Path(tempfile.mkdtemp(prefix="dg-console-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "log4j2.properties"
+    path.write_text(_QUIET_LOG4J)
+    return path
+
+
 def console_produce(
     java: str,
     lib_dir: str | Path,
@@ -110,8 +124,7 @@ def console_produce(
         + b"\n"
         for r in records
     )
-    log4j = Path(tempfile.mkdtemp(prefix="dg-console-")) / "log4j2.properties"
-    log4j.write_text(_QUIET_LOG4J)
+    log4j = _quiet_log4j()
     cmd = [
         java,
         "-Xmx256m",
