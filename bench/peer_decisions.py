@@ -70,11 +70,11 @@ def peak_memory() -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
-        md = render(Path(args.render), args.beside)
+        md = render(Path(args.render), args.beside, args.section, args.date)
         if args.write:
             from bench.report import write_section
 
-            write_section("peer-decisions", md)
+            write_section(args.section, md)
         print(md)
         return 0
     result = run(args, model_dir, peak_memory)

@@ -287,3 +287,50 @@ def test_a_run_at_another_share_is_not_the_defaults_column(tmp_path: Path) -> No
     lower.write_text(json.dumps(body))
     md = card_rows.render_scheduling([lower])
     assert "figure:" not in md
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("load_format", ["dummy", "auto"])
+def test_a_probe_on_dummy_weights_is_said_to_hold_no_answers(
+    tmp_path: Path, load_format: str
+) -> None:
+    """Dummy weights prefer no label: a probe whose every probability sits near an even
+    split differs between any two engine starts, and the section must not read as if the
+    settings changed the answers."""
+    runs = []
+    for name, probe in (
+        ("a", [[[0.51, 0.49], [0.32, 0.34, 0.34]]]),
+        ("b", [[[0.49, 0.51], [0.34, 0.32, 0.34]]]),
+    ):
+        path = card_run(tmp_path, name, True, 1.0, load_format=load_format)
+        body = json.loads(path.read_text())
+        body["info"]["gpu"] = "NVIDIA H100 80GB HBM3"
+        path.write_text(json.dumps({**body, "probe": probe}))
+        runs.append(path)
+    md = card_rows.render_scheduling(runs, "2026-12-05", "card24-side-by-side")
+    agree = next(line for line in md.splitlines() if line.startswith("The probe's answers"))
+    assert "2 of 2 slots answer otherwise" in agree
+    said = "says nothing of the answers: every slot's probabilities lie within 0.013"
+    assert (said in agree) == (load_format == "dummy")
+    assert "one device session on one NVIDIA H100 80GB HBM3." in md
+
+
+@pytest.mark.unit
+def test_runs_of_two_gpus_name_no_gpu(tmp_path: Path) -> None:
+    """A session's figures are its GPU's; runs from two kinds of GPU are no one session's."""
+    runs = []
+    for name, gpu in (("a", "NVIDIA H200"), ("b", "NVIDIA H100 80GB HBM3")):
+        path = card_run(tmp_path, name, True, 1.0)
+        body = json.loads(path.read_text())
+        body["info"]["gpu"] = gpu
+        path.write_text(json.dumps(body))
+        runs.append(path)
+    md = card_rows.render_scheduling(runs)
+    assert "one device session. A row" in md and "NVIDIA" not in md
+
+
+@pytest.mark.unit
+def test_uniform_spread_is_the_largest_stray_from_an_even_split() -> None:
+    assert card_rows.uniform_spread([[[0.25, 0.25, 0.5]]]) == pytest.approx(1 / 6)
+    assert card_rows.uniform_spread([[[0.5, 0.5]], [[0.4, 0.6]]]) == pytest.approx(0.1)
+    assert card_rows.uniform_spread([]) == 0.0

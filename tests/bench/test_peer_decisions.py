@@ -20,6 +20,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import sys
 import urllib.request
 from pathlib import Path
@@ -551,6 +552,11 @@ def test_a_run_writes_every_row_against_a_stand_in_server(
 # --- (d) the docs section ----------------------------------------------------------------------
 
 
+def plain(md: str) -> str:
+    """A rendered section as a page shows it: the figure markers (HTML comments) gone."""
+    return re.sub(r"<!-- /?figure[^>]*-->", "", md)
+
+
 @pytest.mark.unit
 def test_render_puts_the_peer_beside_the_in_process_rows(tmp_path: Path) -> None:
     def row(kind: str, b: int, q: float) -> dict[str, Any]:
@@ -567,7 +573,10 @@ def test_render_puts_the_peer_beside_the_in_process_rows(tmp_path: Path) -> None
     stock = [{"variant": "vllm/unique", "batch": 256, "reads_per_s": 200.0, "p50_ms": 900.0,
               "p99_ms": 1200.0}]  # fmt: skip
     (tmp_path / "stock.json").write_text(json.dumps({"info": {}, "rows": stock}))
-    md = peer.render(tmp_path / "peer.json", [("stock", tmp_path / "stock.json")])
+    marked = peer.render(tmp_path / "peer.json", [("stock", tmp_path / "stock.json")])
+    # Each ratio is a figure other pages may quote (tests/support/figures.py).
+    assert "<!-- figure: stock_unique_b256_vs_peer -->2.00<!-- /figure -->x" in marked
+    md = plain(marked)
     lines = md.splitlines()
     assert "| batch | kind | peer | stock | stock / peer | peer errors |" in lines
     assert "| 256 | unique | 300 (40 / 90) | 600 (900 / 1200) | 2.00x | 0 |" in lines
@@ -599,5 +608,34 @@ def test_render_holds_the_peer_against_one_batch_in_flight(tmp_path: Path) -> No
         for depth, rate in ((1, 200.0), (4, 250.0))
     ]
     (tmp_path / "ours.json").write_text(json.dumps({"info": {}, "rows": ours}))
-    md = peer.render(tmp_path / "peer.json", [("ours", tmp_path / "ours.json")])
+    md = plain(peer.render(tmp_path / "peer.json", [("ours", tmp_path / "ours.json")]))
     assert "| 256 | unique | 300 (40 / 90) | 600 (900 / 1200) | 2.00x | 0 |" in md.splitlines()
+
+
+@pytest.mark.unit
+def test_a_later_session_renders_into_its_own_section_with_its_own_command(
+    tmp_path: Path,
+) -> None:
+    """The first session's section keeps its table and command; a later one names its date
+    and GPU, and its reproduce line is the render that made it."""
+    info = {"vllm": "0.33.0", "endpoint": "/v1/decisions", "mode": "joint", "quant": "nvfp4",
+            "gpu_memory_utilization": 0.9, "kv_cache_tokens": 4675, "start_s": 304.0,
+            "prompt_tokens": 256, "shared_prefix_tokens": 83,
+            "gpu": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    (tmp_path / "peer.json").write_text(json.dumps({"info": info, "rows": []}))
+    beside = [("ours", tmp_path / "ours.json")]
+    (tmp_path / "ours.json").write_text(json.dumps({"info": {}, "rows": []}))
+    first = peer.render(tmp_path / "peer.json", beside)
+    assert first.splitlines()[0].endswith("same card, same reads")
+    assert "--section" not in first and "--date" not in first
+    later = peer.render(tmp_path / "peer.json", beside, "card24-peer-side-by-side", "2026-12-05")
+    assert later.splitlines()[0].endswith("(2026-12-05, NVIDIA H100 80GB HBM3)")
+    render_line = next(line for line in later.splitlines() if "--render" in line)
+    assert render_line == (
+        f"python bench/peer_decisions.py --render {tmp_path / 'peer.json'} --beside "
+        f'"ours={tmp_path / "ours.json"}" --section card24-peer-side-by-side --date 2026-12-05 '
+        "--write   # here"
+    )
+    args = peer.parse_args(["--render", "x.json", "--section", "s", "--date", "d"])
+    assert (args.section, args.date) == ("s", "d")
+    assert peer.COMMAND.count("--beside") == 2 and "--section" not in peer.COMMAND

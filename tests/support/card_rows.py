@@ -37,6 +37,7 @@ __all__ = [
     "run_label",
     "scheduling_name",
     "stack_samples",
+    "uniform_spread",
 ]
 
 
@@ -182,6 +183,14 @@ def probe_agreement(a: list[list[list[float]]], b: list[list[list[float]]]) -> d
     return {"slots": len(slots), "answers_differ": differ, "max_probability_gap": gap}
 
 
+def uniform_spread(probe: list[list[list[float]]]) -> float:
+    """How far a probe's probabilities stray from an even split over each slot's labels:
+    near 0, the model (dummy weights) prefers no label."""
+    return max(
+        (abs(p - 1 / len(slot)) for read in probe for slot in read for p in slot), default=0.0
+    )
+
+
 # --- docs/benchmarks.md: scheduling and batches in flight on the card -------------------------
 
 SCHEDULING_COMMAND = (
@@ -261,8 +270,8 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "bash bench/gpu/peer_session.sh --max-model-len 4096\n"
         "# here: this section (the first run is the baseline of the ratios)\n"
         "python bench/engine_gpu.py --section card24-side-by-side --render-scheduling "
-        "docs/data/card24/card_sbs_defaults.json docs/data/card24/card_sbs_full.json "
-        "docs/data/card24/card_sbs_stock.json --date DATE",
+        "docs/data/card24/sbs/card_sbs_defaults.json docs/data/card24/sbs/card_sbs_full.json "
+        "docs/data/card24/sbs/card_sbs_stock.json --date DATE",
     ),
 }
 
@@ -281,6 +290,9 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
         {k for rows in keyed for k in rows}, key=lambda k: (k[0], k[1] != "vllm/unique", k[2])
     )
     labels = [run_label(b["info"]) for b in runs]
+    # Sessions ran on H200s and on H100s: a session's figures are its GPU's.
+    gpus = {b["info"].get("gpu") for b in runs}
+    on_gpu = f" on one {gpus.pop()}" if len(gpus) == 1 and None not in gpus else ""
     head = "| batch | kind | batches in flight | " + " | ".join(labels)
     head += "".join(f" | {lab} / {labels[0]}" for lab in labels[1:]) + " |"
     lines = [
@@ -289,7 +301,8 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
         "The card runs' reads (256-token prompts, 16-position canvases with 3 slots, "
         "constrained, the full-size NVFP4 shape with dummy weights; `shared`: one question "
         "set) with the product's defaults but for the column's settings, one engine start a "
-        "column, one device session. A row holds `batches in flight` batches of `batch` "
+        f"column, one device session{on_gpu}. A row holds `batches in flight` batches of "
+        "`batch` "
         "reads at the engine at once, as the worker keeps its batches; each batch's reads "
         "are made before the row's clock starts. Reads/s (p50 / p99 ms per read; GPU busy %, "
         "NVML):",
@@ -367,5 +380,13 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
             )
             + ".",
         ]
+        if all(b["info"].get("settings", {}).get("load_format") == "dummy" for b in runs):
+            spread = max(uniform_spread(b["probe"]) for b in runs if b.get("probe"))
+            lines[-1] += (
+                f" On dummy weights this says nothing of the answers: every slot's "
+                f"probabilities lie within {spread:.3f} of an even split in every run, so "
+                "rounding picks the most likely label and the runs differ by as much as each "
+                "spreads. The answers are held side by side on the demo model (the gpu tests)."
+            )
     lines += ["", "Reproduce:", "", "```", command.replace("DATE", date or "DATE"), "```"]
     return "\n".join(lines)

@@ -38,6 +38,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from support.figures import figure
+
 # DiffusionGemma's chat markers (Gemma 4's): vLLM's DiffusionGemmaCanvasStrategy ends every
 # canvas with "<turn|>" and opens an empty "<|channel>thought\n<channel|>" after the prompt;
 # it refuses a tokenizer where either marker is more than those tokens.
@@ -683,11 +685,33 @@ def run(
 
 # --- docs/benchmarks.md ----------------------------------------------------------------------
 
-COMMAND = (
-    "bash bench/gpu/peer_session.sh --max-model-len 4096   # on the GPU machine\n"
-    "python bench/peer_decisions.py --render docs/data/card24/peer_decisions.json "
-    '--beside "read path (dgstream defaults)=docs/data/card24/card_dgstream.json" '
-    '--beside "stock in-process=docs/data/card24/card_stock.json" --write   # here'
+# docs/benchmarks.md's section of the first side-by-side session (2026-12-02); a later
+# session renders into its own (`--section`), so that its table never replaces this one.
+SECTION = "peer-decisions"
+
+
+def reproduce(
+    render: str | Path, beside: Sequence[tuple[str, Path]], section: str = SECTION, date: str = ""
+) -> str:
+    """The commands that make a rendered section: the peer's run, then this render."""
+    line = f"python bench/peer_decisions.py --render {render}"
+    line += "".join(f' --beside "{name}={path}"' for name, path in beside)
+    if section != SECTION:
+        line += f" --section {section}"
+    if date:
+        line += f" --date {date}"
+    return (
+        "bash bench/gpu/peer_session.sh --max-model-len 4096   # on the GPU machine\n"
+        f"{line} --write   # here"
+    )
+
+
+COMMAND = reproduce(
+    "docs/data/card24/peer_decisions.json",
+    [
+        ("read path (dgstream defaults)", Path("docs/data/card24/card_dgstream.json")),
+        ("stock in-process", Path("docs/data/card24/card_stock.json")),
+    ],
 )
 
 
@@ -709,10 +733,19 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{_questions_per_s(row):.0f} ({row['p50_ms']:.0f} / {row['p99_ms']:.0f})"
 
 
-def _ratio(other: dict[str, Any] | None, peer: dict[str, Any]) -> str:
+def _ratio(other: dict[str, Any] | None, peer: dict[str, Any], key: str = "") -> str:
+    """`other` over the peer; marked as figure `key` (other pages quote it) when given."""
     if other is None or "-" in (_cell(other), _cell(peer)):
         return "-"
-    return f"{_questions_per_s(other) / _questions_per_s(peer):.2f}x"
+    value = f"{_questions_per_s(other) / _questions_per_s(peer):.2f}"
+    return (figure(key, value) if key else value) + "x"
+
+
+def _figure_key(name: str, kind: str, batch: int) -> str:
+    """A ratio cell's figure: "read path (defaults)", unique, 256 ->
+    read_path_defaults_unique_b256_vs_peer."""
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    return f"{slug}_{kind}_b{batch}_vs_peer"
 
 
 def _by_kind(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -725,12 +758,19 @@ def _by_kind(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, 
     }
 
 
-def render(path: Path, beside: Sequence[tuple[str, Path]] = ()) -> str:
+def render(
+    path: Path,
+    beside: Sequence[tuple[str, Path]] = (),
+    section: str = SECTION,
+    date: str = "",
+) -> str:
+    """The peer's rows beside in-process runs' (`beside`), each as a ratio to the peer."""
     body = json.loads(path.read_text())
     info, peer = body["info"], _by_kind(body["rows"])
     others = [(name, _by_kind(json.loads(p.read_text())["rows"])) for name, p in beside]
     lines = [
-        "## The peer: `vllm serve`'s own label reads, same card, same reads",
+        "## The peer: `vllm serve`'s own label reads, same card, same reads"
+        + (f" ({date}, {info.get('gpu', 'GPU not recorded')})" if date else ""),
         "",
         f"vLLM {info['vllm']} `vllm serve` ({info['endpoint']}, {info['mode']} reads, no "
         f"plugin), the full-size DiffusionGemma shape in {info['quant']} with dummy weights, "
@@ -750,12 +790,13 @@ def render(path: Path, beside: Sequence[tuple[str, Path]] = ()) -> str:
     for b, kind in sorted({(k[1], k[0]) for k in peer}, key=lambda x: (x[0], x[1] != "unique")):
         row = peer[(kind, b)]
         cells = [str(b), kind, _cell(row)]
-        for _, rows in others:
+        for name, rows in others:
             other = rows.get((kind, b))
-            cells += [_cell(other), _ratio(other, row)]
+            cells += [_cell(other), _ratio(other, row, _figure_key(name, kind, b))]
         cells.append(str(row.get("errors", "-")))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Reproduce:", "", "```", COMMAND, "```"]
+    command = reproduce(path, beside, section, date)
+    lines += ["", "Reproduce:", "", "```", command, "```"]
     return "\n".join(lines)
 
 
@@ -774,6 +815,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--render", default="", help="print the docs section of this JSON")
     ap.add_argument("--beside", action="append", type=_beside, default=[], help="LABEL=PATH")
     ap.add_argument("--write", action="store_true", help="with --render: into benchmarks.md")
+    ap.add_argument("--section", default=SECTION, help="with --write: the section to write")
+    ap.add_argument("--date", default="", help="with --render: the device session's date")
     ap.add_argument("--endpoint", choices=sorted(ROUTES), default="decisions")
     ap.add_argument("--joint", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--quant", choices=["bf16", "nvfp4"], default="nvfp4")

@@ -265,6 +265,48 @@ def test_the_read_path_answers_as_stock_vllm(
         assert all(m is not None for r in mine for m in r.diagnostics.label_mass.values())
 
 
+@pytest.mark.parametrize("mode", [None, "FULL"], ids=["default-graphs", "full-graphs"])
+def test_cuda_graphs_answer_as_eager(
+    loop: asyncio.AbstractEventLoop,
+    vllm_engine: VllmEngine,
+    requests: list[Any],
+    mode: str | None,
+) -> None:
+    """The product serves with CUDA graphs (vLLM's default mode, whose steps that mix
+    prompts and canvases run piecewise; or FULL, every step one graph); the tests above
+    read eagerly. The read path with graphs against the same path eager: every answer the
+    same, every probability within 0.01, constrained."""
+    chat = _chat()
+    engine = VllmEngine(
+        demo_settings(enforce_eager=False, cudagraph_mode=mode),
+        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
+    )
+    name = "graphs_" + (mode or "default").lower()
+    t0 = time.perf_counter()
+    loop.run_until_complete(engine.start())
+    try:
+        start_s = time.perf_counter() - t0
+        assert engine.read_path == "dgstream", engine.read_path
+        graphs = Classifier(engine, chat, ClassifierSettings(seed=0))
+        eager = Classifier(vllm_engine, chat, ClassifierSettings(seed=0))
+        classify(loop, graphs, requests[:BATCH])  # warm-up
+        mine, seconds = classify(loop, graphs, requests)
+        reference, eager_s = classify(loop, eager, requests)
+        agreement = compare(reference, mine)
+        REPORT[name] = {
+            **agreement,
+            "requests": len(requests),
+            "seconds": seconds,
+            "eager_seconds": eager_s,
+            "start_s": start_s,
+        }
+        print(f"\nread path, {name} vs eager: {agreement}")
+        assert agreement["answers_differ"] == 0, agreement
+        assert agreement["max_probability_gap"] <= MAX_GAP, agreement
+    finally:
+        loop.run_until_complete(engine.close())
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
