@@ -158,15 +158,15 @@ class VllmSettings(BaseModel):
     async_scheduling: bool | None = True
     # vLLM's CUDA graph mode (`compilation_config.cudagraph_mode`); None = vLLM's default,
     # FULL_AND_PIECEWISE: a step that mixes new prompts with canvases (most steps of a
-    # busy worker) then runs piecewise, its attention ops in Python between graph pieces
-    # (28.5% of the engine core's thread on the emulated card, 2026-12-04). "FULL" graphs
-    # mixed steps whole too; vLLM's TRITON_ATTN backend (the default here) supports that,
-    # and DiffusionGemma's per-request causal flags are a tensor the graph reads. FULL on
-    # the emulated 24 GB card (2026-12-04): batch-1 p50 26 ms unique / 21 shared against 43
-    # / 31 (that run's logs were not kept; docs/benchmarks.md's "Next on the card" runs it
-    # again beside the defaults), but its graphs need the card's room outside
-    # gpu_memory_utilization (`check_full_graphs`): at most 0.87 of a 24 GB card, so not
-    # the default until a run beside the defaults shows it pays.
+    # busy worker) then runs piecewise, its attention ops in Python between graph pieces.
+    # "FULL" graphs mixed steps whole too (vLLM's TRITON_ATTN backend, the default here,
+    # supports that). Beside the defaults on one H100 as a 24 GB card (2026-12-05, one
+    # session, docs/benchmarks.md "side by side"), FULL at gpu_memory_utilization 0.86
+    # read batch 1 at 1.23-1.69x (p50 29 ms unique / 22 shared against 38 / 39), batch 256
+    # at 0.98-1.03x and batch 32 at 0.90-1.04x, but its graphs need the card's room
+    # outside gpu_memory_utilization (`check_full_graphs`: at most 0.87 of a 24 GB card),
+    # which leaves the KV cache 23% fewer blocks (4,049 against 5,229) for long prompts
+    # under a backlog. So it stays a choice for latency-bound deployments, not the default.
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] | None = None
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
