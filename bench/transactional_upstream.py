@@ -67,47 +67,23 @@ TXN_RECORDS = 100
 LIVE_RATE = 400.0
 
 
-def produce_transactional(
-    conn: KafkaConnection, topic: str, messages: list[tuple[bytes, bytes]], per_txn: int
-) -> int:
-    """`messages` in transactions of `per_txn` records (keys spread them over the
-    partitions, as `produce_input` does); the number of transactions committed."""
-    producer = KafkaProducer(
-        **conn.client_kwargs(client_id="bench-txn-input"),
-        transactional_id=f"bench-upstream-{uuid.uuid4().hex[:8]}",
-        enable_idempotence=True,
-        acks="all",
-        linger_ms=5,
-    )
-    producer.init_transactions()
-    count = 0
-    try:
-        for i in range(0, len(messages), per_txn):
-            producer.begin_transaction()
-            for key, value in messages[i : i + per_txn]:
-                producer.send(topic, key=key, value=value)
-            producer.commit_transaction()
-            count += 1
-    finally:
-        producer.close(timeout=10)
-    return count
-
-
-def produce_paced(
+def produce_upstream(
     conn: KafkaConnection,
     topic: str,
     messages: list[tuple[bytes, bytes]],
     per_txn: int,
-    rate: float,
-    transactional: bool,
-) -> None:
-    """`messages` as a live upstream: groups of `per_txn` records, one group every
-    `per_txn / rate` seconds, each a transaction (`transactional`) or a flush."""
+    transactional: bool = True,
+    rate: float | None = None,
+) -> int:
+    """`messages` in groups of `per_txn` records (keys spread them over the partitions, as
+    `produce_input` does), each a transaction (`transactional`) or a flush: as fast as the
+    broker takes them (a backlog), or one group every `per_txn / rate` seconds (a live
+    upstream). Returns the number of groups."""
     extra: dict[str, Any] = (
-        {"transactional_id": f"bench-live-{uuid.uuid4().hex[:8]}"} if transactional else {}
+        {"transactional_id": f"bench-upstream-{uuid.uuid4().hex[:8]}"} if transactional else {}
     )
     producer = KafkaProducer(
-        **conn.client_kwargs(client_id="bench-live-input"),
+        **conn.client_kwargs(client_id="bench-upstream"),
         enable_idempotence=True,
         acks="all",
         linger_ms=5,
@@ -115,10 +91,12 @@ def produce_paced(
     )
     if transactional:
         producer.init_transactions()
+    groups = 0
     try:
         start = time.monotonic()
-        for n, i in enumerate(range(0, len(messages), per_txn)):
-            time.sleep(max(0.0, start + n * per_txn / rate - time.monotonic()))
+        for i in range(0, len(messages), per_txn):
+            if rate:
+                time.sleep(max(0.0, start + groups * per_txn / rate - time.monotonic()))
             if transactional:
                 producer.begin_transaction()
             for key, value in messages[i : i + per_txn]:
@@ -127,8 +105,10 @@ def produce_paced(
                 producer.commit_transaction()
             else:
                 producer.flush(timeout=60)
+            groups += 1
     finally:
         producer.close(timeout=10)
+    return groups
 
 
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -202,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         topics["transactional"] = f"bench-txn-{uuid.uuid4().hex[:8]}"
         ensure_topics(conn, {t: PARTITIONS for t in topics.values()})
         produce_input(conn, topics["plain"], messages)
-        txns = produce_transactional(conn, topics["transactional"], messages, args.txn_records)
+        txns = produce_upstream(conn, topics["transactional"], messages, args.txn_records)
         classifier = build_classifier(EngineSettings(backend="fake"), {}, "bench")
 
         rates: dict[tuple[str, str], list[float]] = {}
@@ -247,9 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                     ensure_topics(conn, {topic: PARTITIONS, out: PARTITIONS, f"{out}-dlq": 1})
                     group = f"bench-live-worker-{uuid.uuid4().hex[:8]}"
                     producer = threading.Thread(
-                        target=produce_paced,
-                        args=(conn, topic, live_messages, args.txn_records, args.live_rate),
-                        kwargs={"transactional": upstream == "transactional"},
+                        target=produce_upstream,
+                        args=(conn, topic, live_messages, args.txn_records),
+                        kwargs={
+                            "transactional": upstream == "transactional",
+                            "rate": args.live_rate,
+                        },
                         daemon=True,
                     )
                     run_worker(

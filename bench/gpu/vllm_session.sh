@@ -46,7 +46,9 @@ keep_profile() {
 pipe_env() { export DGSTREAM_KAFKA_LIB=/root/extra/kafka-lib RAY_worker_niceness=0; }
 case "${1:-}" in
   tests)
-    DGSTREAM_GPU_OUT=$out timeout 560 python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v -rs \
+    # Seven tests and four demo-model engine starts (two of them capturing CUDA graphs)
+    # and a `vllm serve`: 227 s for the five before the graph tests (2026-12-04).
+    DGSTREAM_GPU_OUT=$out timeout -k 10 "${RUN_TIMEOUT:-580}" python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v -rs \
       -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
     ;;
   card)
