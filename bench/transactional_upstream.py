@@ -25,7 +25,6 @@ docs/benchmarks.md (`--no-write` to skip).
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -49,6 +48,7 @@ from bench.worker_overhead import (
     measured,
     produce_input,
     run_worker,
+    worker_run_parser,
 )
 from workers.engine.factory import EngineSettings, build_classifier
 from workers.kafka_admin import ensure_topics
@@ -159,18 +159,12 @@ def offset_records(conn: KafkaConnection, group: str, timeout_s: float = 60) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--bootstrap", help="an existing broker (default: start a local one)")
-    ap.add_argument("--messages", type=int, default=20_000)
+    ap = worker_run_parser(__doc__)
     ap.add_argument("--txn-records", type=int, default=TXN_RECORDS)
-    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--live-messages", type=int, default=3_000)
     ap.add_argument(
         "--live-rate", type=float, default=LIVE_RATE, help="records/s of the live upstream"
     )
-    ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = ap.parse_args(argv)
     configure_logging("WARNING")
     load = os.getloadavg()[0]  # other work on the machine skews every variant
@@ -279,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     per_k = {k: [1000 * c / args.live_messages for c in v] for k, v in live.items()}
     live_lines = []
     for delivery in ("at_least_once", "exactly_once"):
-        plain, txn = per_k[(delivery, "plain")], per_k[(delivery, "transactional")]
+        plain_k, txn_k = per_k[(delivery, "plain")], per_k[(delivery, "transactional")]
         live_lines.append(
-            f"| {delivery.replace('_', '-')} | {' / '.join(f'{c:.0f}' for c in plain)} "
-            f"| {' / '.join(f'{c:.0f}' for c in txn)} "
-            f"| **{statistics.mean(txn) / statistics.mean(plain):.2f}x** |"
+            f"| {delivery.replace('_', '-')} | {' / '.join(f'{c:.0f}' for c in plain_k)} "
+            f"| {' / '.join(f'{c:.0f}' for c in txn_k)} "
+            f"| **{statistics.mean(txn_k) / statistics.mean(plain_k):.2f}x** |"
         )
     runs = "; ".join(
         f"{d.replace('_', '-')} {u}: {' / '.join(f'{r:,.0f}' for r in v)}"

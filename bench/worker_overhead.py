@@ -280,15 +280,21 @@ def broker_at(bootstrap: str | None) -> Iterator[str]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def worker_run_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a benchmark that runs this stream worker on a broker of its own (or
+    one given): the broker, the backlog, the runs of each variant, and whether to write."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--bootstrap", help="an existing broker (default: start a local one)")
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = worker_run_parser(__doc__).parse_args(argv)
     configure_logging("WARNING")
     load = os.getloadavg()[0]  # other work on the machine skews every variant
 
