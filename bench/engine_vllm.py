@@ -242,6 +242,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "linear_backend": args.linear_backend,
         "cudagraph_mode": args.cudagraph_mode,
         "gpu_memory_utilization": args.gpu_memory_utilization,
+        "one_step_reads": args.one_step_reads or None,
     }
     if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
         knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
@@ -271,6 +272,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         seqs_used = engine._engine.vllm_config.scheduler_config.max_num_seqs
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab, peak)
+        if args.one_step_reads:
+            for row in rows:
+                row["steps"] = 1
+        if args.beside_two_step:
+            # The same engine, its reads opting out of one step: vLLM's two steps, on the
+            # same graphs and KV cache. Other reads (seed 1) so no prompt is in the cache.
+            twos = await measure(engine.sibling(two_step=True), args, vocab, peak, seed=1)
+            rows += [{**row, "steps": 2} for row in twos]
         # The same fixed reads in every run, for comparing two engine settings' answers.
         answers = await probe(engine, args, vocab)
         if args.profile:
@@ -282,6 +291,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     info = {
         "engine": "vllm",
         "read_path": engine.read_path,
+        "one_step_reads": settings.one_step_reads,
         "quant": args.quant,
         "gpu": peak.name,
         "gpu_total_gib": total_gib,
@@ -357,6 +367,16 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         choices=["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"],
         default=None,
         help="vLLM's CUDA graph mode (default: vLLM's own)",
+    )
+    ap.add_argument(
+        "--one-step-reads",
+        action="store_true",
+        help="a read's prompt and canvas in one step (VllmSettings.one_step_reads)",
+    )
+    ap.add_argument(
+        "--beside-two-step",
+        action="store_true",
+        help="with --one-step-reads: every row again with the reads opting out (two steps)",
     )
     ap.add_argument(
         "--in-flight",

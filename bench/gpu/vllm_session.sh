@@ -46,10 +46,11 @@ keep_profile() {
 pipe_env() { export DGSTREAM_KAFKA_LIB=/root/extra/kafka-lib RAY_worker_niceness=0; }
 case "${1:-}" in
   tests)
-    # Seven tests and four demo-model engine starts (two of them capturing CUDA graphs)
-    # and a `vllm serve`: 227 s for the five before the graph tests (2026-12-04).
+    # Nine tests and six demo-model engine starts (three of them capturing CUDA graphs)
+    # and a `vllm serve`: 413 s for the seven before the one-step tests (2026-12-05, an
+    # H100). PYTEST_K: only the tests pytest's -k selects (a session short of time).
     DGSTREAM_GPU_OUT=$out timeout -k 10 "${RUN_TIMEOUT:-580}" python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v -rs \
-      -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+      ${PYTEST_K:+-k "$PYTEST_K"} -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
     ;;
   card)
     name=$2; shift 2

@@ -72,11 +72,11 @@ def in_flight_depths(spec: str | int) -> list[int]:
 
 
 async def measure(
-    engine: Any, args: argparse.Namespace, vocab: int, peak: Any = None
+    engine: Any, args: argparse.Namespace, vocab: int, peak: Any = None, seed: int = 0
 ) -> list[dict[str, Any]]:
     from support.reads import make_reads
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
     shared_prefix = [make_reads(1, args.prompt, args.canvas, args.shared, vocab, rng)[0]]
     depths = in_flight_depths(args.in_flight)
@@ -121,7 +121,8 @@ async def measure(
                 out = await engine.read(reads)
                 latencies.extend(r.timings["engine_s"] for r in out)
 
-        with stack_samples(f"b{b}_{kind}" + (f"_x{depth}" if len(depths) > 1 else "")):
+        label = f"b{b}_{kind}" + (f"_x{depth}" if len(depths) > 1 else "")
+        with stack_samples(label + (f"_s{seed}" if seed else "")):
             t0 = time.perf_counter()
             await asyncio.gather(*(one_batch(reads) for reads in batches))
             seconds = time.perf_counter() - t0
@@ -140,7 +141,7 @@ async def measure(
         print(
             f"{row['variant']:14s} batch {b:4d} x{depth}: {row['reads_per_s']:8.1f} reads/s  "
             f"p50 {row['p50_ms']:7.1f} ms  p99 {row['p99_ms']:7.1f} ms  "
-            f"GPU busy {busy}%",
+            f"GPU busy {busy}%" + (" (two steps)" if getattr(engine, "two_step", False) else ""),
             flush=True,
         )
     return rows

@@ -191,6 +191,11 @@ class VllmSettings(BaseModel):
     # The read path's bound on one tile of full-vocabulary rows (unconstrained reads and
     # vLLM's warmup); see `workers.engine.vllm_reads.options.ReadPathOptions`.
     logits_tile_mib: int = Field(default=256, ge=16, le=16_384)
+    # One-step reads: a read's canvas runs in the step that finishes its prompt, one
+    # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). Needs
+    # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN and a
+    # cudagraph_mode other than FULL. Off by default until measured on the card.
+    one_step_reads: bool = False
 
     @model_validator(mode="after")
     def _seqs_fit_the_path(self) -> VllmSettings:
@@ -199,6 +204,23 @@ class VllmSettings(BaseModel):
                 f"max_num_seqs: {self.max_num_seqs} with read_path 'stock' would be lowered "
                 f"to 8 by vLLM 0.33; use at most {MAX_NUM_SEQS} (or read_path 'dgstream')"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_step_fits(self) -> VllmSettings:
+        if not self.one_step_reads:
+            return self
+        clashes = []
+        if self.read_path != "dgstream":
+            clashes.append(f"read_path {self.read_path!r} (needs 'dgstream')")
+        if self.async_scheduling is not True:
+            clashes.append(f"async_scheduling {self.async_scheduling} (needs true)")
+        if self.attention_backend != "TRITON_ATTN":
+            clashes.append(f"attention_backend {self.attention_backend!r} (needs TRITON_ATTN)")
+        if self.cudagraph_mode == "FULL":
+            clashes.append("cudagraph_mode 'FULL' (its graphs would not see the canvas mask)")
+        if clashes:
+            raise ValueError("one_step_reads: cannot run with " + "; ".join(clashes))
         return self
 
     def reads_in_flight(self, read_path: str | None = None) -> int:
@@ -409,7 +431,10 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
     )
     check_full_graphs(settings, utilization)
     options = ReadPathOptions(
-        enabled=path == "dgstream", logits_tile_mib=settings.logits_tile_mib, max_num_seqs=seqs
+        enabled=path == "dgstream",
+        logits_tile_mib=settings.logits_tile_mib,
+        max_num_seqs=seqs,
+        one_step=settings.one_step_reads and path == "dgstream",
     )
     args: dict[str, Any] = {
         "model": settings.model,
@@ -507,15 +532,25 @@ def serve_command(
     return cmd
 
 
-def _extra_args(read: Read, constrained: bool, *, as_ints: bool) -> dict[str, Any]:
+# A request's opt-out of one-step reads (`VllmSettings.one_step_reads`): vLLM passes
+# extra_args keys it does not know to the engine untouched; the plugin's scheduler reads it.
+TWO_STEP_KEY = "dgstream_two_step"
+
+
+def _extra_args(
+    read: Read, constrained: bool, *, as_ints: bool, two_step: bool = False
+) -> dict[str, Any]:
     one = (lambda b: int(b)) if as_ints else (lambda b: bool(b))
-    return {
+    args = {
         "diffusion_canvas_length": len(read.canvas_ids),
         "diffusion_seed_canvas": [int(t) for t in read.canvas_ids],
         "diffusion_max_steps": 1,
         "diffusion_read_only": one(True),
         "diffusion_constrained": one(constrained),
     }
+    if two_step:
+        args[TWO_STEP_KEY] = one(True)
+    return args
 
 
 def logprob_ids(read: Read, shared: frozenset[int] | tuple[int, ...] = ()) -> list[int]:
@@ -532,9 +567,14 @@ def logprob_ids(read: Read, shared: frozenset[int] | tuple[int, ...] = ()) -> li
 
 
 def build_sampling_params(
-    read: Read, settings: VllmSettings, shared: frozenset[int] | tuple[int, ...] = ()
+    read: Read,
+    settings: VllmSettings,
+    shared: frozenset[int] | tuple[int, ...] = (),
+    *,
+    two_step: bool = False,
 ) -> SamplingParams:
-    """The vLLM request of one read (in-process mode)."""
+    """The vLLM request of one read (in-process mode); `two_step`: the read opts out of
+    one-step reads (see `VllmEngine.sibling`)."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     width = len(read.canvas_ids)
@@ -547,7 +587,9 @@ def build_sampling_params(
         top_k=0,
         max_tokens=width,
         logprob_token_ids=logprob_ids(read, shared),
-        extra_args=_extra_args(read, settings.diffusion_constrained, as_ints=False),
+        extra_args=_extra_args(
+            read, settings.diffusion_constrained, as_ints=False, two_step=two_step
+        ),
         # validate_diffusion_sampling_params sets this for read-only requests; set it here
         # too so an EOS drawn into a slot can never end the canvas early.
         ignore_eos=True,
@@ -670,6 +712,8 @@ class VllmEngine:
         self._vocab_size = self.settings.vocab_size
         # The read path the running engine uses ("dgstream" or "stock"); None until start.
         self.read_path: str | None = None
+        # This engine's reads opt out of one-step reads (a sibling's, for side-by-side runs).
+        self.two_step = False
 
     @property
     def info(self) -> EngineInfo:
@@ -681,14 +725,21 @@ class VllmEngine:
             device="cuda",
         )
 
-    def sibling(self, *, diffusion_constrained: bool) -> VllmEngine:
-        """An engine over the same vLLM instance whose reads differ only in the per-request
-        `diffusion_constrained` (both modes from one GPU allocation); start this one first."""
-        other = VllmEngine(
-            self.settings.model_copy(update={"diffusion_constrained": diffusion_constrained})
+    def sibling(
+        self, *, diffusion_constrained: bool | None = None, two_step: bool = False
+    ) -> VllmEngine:
+        """An engine over the same vLLM instance whose reads differ only per request: in
+        `diffusion_constrained`, or (`two_step`) opting out of one-step reads, so both
+        modes or both paths run on one GPU allocation; start this one first."""
+        constrained = (
+            self.settings.diffusion_constrained
+            if diffusion_constrained is None
+            else diffusion_constrained
         )
+        other = VllmEngine(self.settings.model_copy(update={"diffusion_constrained": constrained}))
         other._engine, other._vocab_size, other._lock = self._engine, self._vocab_size, self._lock
         other.read_path = self.read_path
+        other.two_step = two_step
         return other
 
     async def start(self) -> None:
@@ -745,7 +796,9 @@ class VllmEngine:
     async def _read_one(self, engine: Any, read: Read) -> ReadResult:
         from vllm.inputs import tokens_input
 
-        params = build_sampling_params(read, self.settings, self.shared_labels)
+        params = build_sampling_params(
+            read, self.settings, self.shared_labels, two_step=self.two_step
+        )
         started = time.perf_counter()
 
         async def consume() -> Any:
@@ -987,6 +1040,7 @@ def _classify_http_error(exc: BaseException) -> tuple[str, str]:
 
 __all__ = [
     "MAX_LOGPROB_TOKEN_IDS",
+    "TWO_STEP_KEY",
     "VllmEngine",
     "VllmRemoteEngine",
     "VllmRemoteSettings",

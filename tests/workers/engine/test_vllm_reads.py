@@ -286,6 +286,7 @@ def test_batched_self_conditioning_is_vllms_per_request_loop(cpu_vllm: Any) -> N
     qsl = np.array([0, 16, 40, 56, 64])  # request 1 reads its prompt (24 tokens)
     slots = np.array([4, 1, 2])
     idx = np.array([0, 2, 3])
+    state._logit_rows = np.array([16, 0, 16, 8])
     soft = torch.randn(6, 16, 8)
     for fresh in (True, False):
         states.single_step_slots.clear()
@@ -304,6 +305,51 @@ def test_batched_self_conditioning_is_vllms_per_request_loop(cpu_vllm: Any) -> N
             state._apply_self_conditioning(slots, idx, qsl, got, soft_now)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         assert torch.equal(got[16:40], embeds[16:40])  # the prompt's rows untouched
+
+
+@pytest.mark.vllm
+def test_one_step_reads_self_condition_only_their_canvas(cpu_vllm: Any) -> None:
+    """A one-step read's span holds its prompt, then its canvas: self-conditioning (the
+    batched call) touches only the canvas rows, and gives them what vLLM's per-request
+    call gives a canvas step of the same rows."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    from workers.engine.vllm_reads.model import DgModelState
+
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        sc = cpu_vllm.DiffusionGemmaSelfConditioning(8, 16)
+    torch.manual_seed(1)
+    for p in sc.parameters():
+        p.data.normal_()
+    state = object.__new__(DgModelState)
+    states = _states(cpu_vllm)
+    state.diffusion_states = states
+    state.read_path = True
+    vars(state)["model"] = type("M", (), {"self_conditioning": sc})()
+    # Request 0: a canvas step (16 rows); request 1: a one-step read, 20 prompt tokens then
+    # a 12-position canvas; request 2: a prompt only; request 3: a one-step read, 5 + 16.
+    qsl = np.array([0, 16, 48, 60, 81])
+    state._logit_rows = np.array([16, 12, 0, 16])
+    idx = np.array([0, 1, 3])
+    slots = np.array([3, 0, 5])
+    canvases = [(0, 16), (36, 48), (65, 81)]
+    for fresh in (True, False):
+        states.single_step_slots.clear()
+        soft = torch.zeros(6, 16, 8) if fresh else torch.randn(6, 16, 8)
+        if fresh:
+            states.single_step_slots.update(slots.tolist())
+        embeds = torch.randn(81, 8)
+        want = embeds.clone()
+        with torch.no_grad():
+            for slot, (start, end) in zip(slots.tolist(), canvases, strict=True):
+                cpu_vllm.DiffusionGemmaModelState._apply_self_conditioning(
+                    state, np.array([slot]), np.array([0]), np.array([start, end]), want, soft
+                )
+            got = embeds.clone()
+            state._apply_self_conditioning(slots, idx, qsl, got, soft)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        for start, end in ((16, 36), (48, 65)):  # the prompts' rows untouched
+            assert torch.equal(got[start:end], embeds[start:end])
 
 
 @pytest.mark.vllm
@@ -540,6 +586,7 @@ def _pair(dg: Any) -> tuple[Any, Any, Any, _Unembed]:
         admissions=Admissions(stock_for_ours.diffusion_states),
         read_slots=set(),
         warmup_slots=set(),
+        one_step=False,
     )
     return theirs, DgReadSampler(stock_for_ours, state), state, model  # type: ignore[arg-type]
 
@@ -592,6 +639,66 @@ def test_a_step_of_reads_reports_what_vllms_own_sampler_reports(eager_vllm: Any)
             s.req_states.draft_tokens[0, :CL].tolist()
             == _params(LABELS, constrained=True, seed=0).extra_args["diffusion_seed_canvas"]
         )
+
+
+def _fused_batch(slots: list[int], prompts: list[int]) -> Any:
+    """A step of one-step reads: each request's whole prompt, then its CL canvas rows."""
+    from types import SimpleNamespace
+
+    n = len(slots)
+    qlen = [p + CL for p in prompts]
+    qsl = np.concatenate(([0], np.cumsum(qlen))).astype(np.int32)
+    return SimpleNamespace(
+        num_reqs=n,
+        idx_mapping_np=np.array(slots, dtype=np.int32),
+        idx_mapping=torch.tensor(slots, dtype=torch.int32),
+        num_draft_tokens=n * CL,
+        cu_num_logits_np=np.arange(n + 1, dtype=np.int32) * CL,
+        query_start_loc_np=qsl,
+        query_start_loc=torch.from_numpy(qsl),
+        num_computed_prefill_tokens_np=np.zeros(n, dtype=np.int32),
+        num_scheduled_tokens=np.array(qlen, dtype=np.int32),
+        prefill_len_np=np.array(prompts, dtype=np.int32),
+        is_prefilling_np=np.ones(n, dtype=bool),
+    )
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("path", ["read path", "vllm sampler"])
+def test_a_one_step_read_reports_what_the_two_step_canvas_step_does(
+    eager_vllm: Any, path: str
+) -> None:
+    """vLLM's sampler over the two steps (the prompts, then their canvases) against the
+    read sampler over one step of the same reads (prompt and canvas): the same canvas,
+    counts and logprobs from the same hidden rows; the seed comes from the draft row that
+    admission wrote. "vllm sampler": a step the read path hands to vLLM's own sampler,
+    which gets the one-step reads' prompt state first (`_finish_prefills`)."""
+    theirs, ours, state, model = _pair(eager_vllm)
+    state.one_step = True
+    drafts = ours.stock.req_states.draft_tokens
+    drafts.fill_(7)
+    arrivals = {s: _params(LABELS, constrained=True, seed=s) for s in (4, 1)}
+    _arrive(theirs, ours, state, arrivals)
+    for slot, params in arrivals.items():  # admission laid each seed on its draft row
+        assert drafts[slot, :CL].tolist() == params.extra_args["diffusion_seed_canvas"]
+    assert (drafts[[0, 2, 3, 5], :CL] == 7).all()  # rows of no arrival untouched
+    theirs(torch.zeros(0, V), _batch([4, 1], [0, 0], [10, 10]))
+    step = _batch([4, 1], [CL, CL], [10, 10])
+    hidden = torch.randn(2 * CL, H)
+    want = theirs(model.label_logits(hidden, LABELS), _with_allowed(theirs, step))
+    fused = _fused_batch([4, 1], [10, 10])
+    if path == "read path":
+        model.deferred = hidden
+        got = ours(torch.zeros(0), fused)
+    else:
+        got = ours(model.label_logits(hidden, LABELS), _with_allowed(ours.stock, fused))
+    assert got.num_sampled.tolist() == want.num_sampled.tolist() == [CL, CL]
+    assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+    assert got.num_rejected.tolist() == [0, 0]
+    a, b = got.logprobs_tensors, want.logprobs_tensors
+    assert a is not None and b is not None
+    assert a.cu_num_generated_tokens == b.cu_num_generated_tokens
+    torch.testing.assert_close(a.logprobs, b.logprobs, rtol=1e-6, atol=1e-6)
 
 
 def _with_allowed(sampler: Any, batch: Any) -> Any:

@@ -14,6 +14,7 @@ docs/vllm.md. `VLLM_PLUGINS=""` in the environment keeps vLLM from loading any p
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from workers.engine.vllm_reads.options import (
     CONFIG_KEY,
@@ -63,6 +64,30 @@ def register() -> None:
     _status = f"registered for vLLM {version}"
 
 
+def one_step_refusal(vllm_config: Any) -> str | None:
+    """Why an engine cannot run one-step reads (None: it can). Read at vLLM's config hook,
+    before vLLM picks its own diffusion scheduler; the engine's settings refuse the same
+    combinations earlier, with the names of the settings."""
+    scheduler = vllm_config.scheduler_config
+    if scheduler.async_scheduling is not True:
+        return "they need async scheduling (set explicitly)"
+    if scheduler.scheduler_cls is not None:
+        return f"another scheduler class is configured ({scheduler.scheduler_cls})"
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if getattr(parallel, "tensor_parallel_size", 1) != 1:
+        return "tensor parallelism (the read path serves one GPU)"
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if mode is not None and getattr(mode, "name", str(mode)) == "FULL":
+        return "cudagraph_mode FULL (a FULL graph would not see the canvas's mask)"
+    attention = getattr(vllm_config, "attention_config", None)
+    backend = getattr(attention, "backend", None)
+    name = getattr(backend, "name", backend)
+    if name != "TRITON_ATTN":
+        return f"attention backend {name} (one step needs TRITON_ATTN, set explicitly)"
+    return None
+
+
 def status() -> str | None:
     """What `register` did in this process (None: it has not run)."""
     return _status
@@ -83,6 +108,14 @@ def _keep_max_num_seqs(stock_hook: type) -> type:
             scheduler = getattr(vllm_config, "scheduler_config", None)
             if options.enabled and options.max_num_seqs and scheduler is not None:
                 scheduler.max_num_seqs = options.max_num_seqs
+            if options.enabled and options.one_step and scheduler is not None:
+                why = one_step_refusal(vllm_config)
+                if why is None:
+                    from workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
+
+                    scheduler.scheduler_cls = SCHEDULER_CLASS
+                else:
+                    log.warning("dgstream one-step reads off: %s; reads take two steps", why)
 
     KeepMaxNumSeqs.__name__ = KeepMaxNumSeqs.__qualname__ = f"DgReads{stock_hook.__name__}"
     return KeepMaxNumSeqs
@@ -95,6 +128,7 @@ __all__ = [
     "ENTRY_POINT_NAME",
     "MODEL_CLASS",
     "ReadPathOptions",
+    "one_step_refusal",
     "register",
     "status",
     "supported",

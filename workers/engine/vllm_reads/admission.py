@@ -77,12 +77,17 @@ class Admissions:
         s.constrained.pop(slot, None)
         self.pending.pop(slot, None)
 
-    def flush(self) -> None:
+    def flush(self, drafts: torch.Tensor | None = None) -> None:
         """Write the step's arrivals to the GPU state: one copy, one write per tensor.
 
         Every arrival gets what vLLM's reset and its sampler's `extra_args` would leave: a
         clean slot, then the read's own values. (vLLM's profiling pass registers sampling
-        params without a reset, on slots no request has used yet: the same values.)"""
+        params without a reset, on slots no request has used yet: the same values.)
+
+        `drafts` (vLLM's runner's draft-token rows, one-step reads only): each arrival's
+        row gets its seed canvas (zeros without one), which a one-step read's canvas is
+        read from in the step that admits it. The two-step path overwrites the row when
+        the prompt has been read, so the write changes nothing there."""
         if not self.pending:
             return
         s = self.states
@@ -118,6 +123,9 @@ class Admissions:
         s.read_only[idx] = dev[:, 4].bool()
         s.seed_canvas[idx] = dev[:, 5 : 5 + width]
         s.pin_mask[idx] = dev[:, 5 + width :].bool()
+        if drafts is not None:
+            cols = min(width, int(drafts.shape[1]))
+            drafts[idx, :cols] = dev[:, 5 : 5 + cols].to(drafts.dtype)
 
 
 __all__ = ["Admissions"]

@@ -31,7 +31,7 @@ from vllm.model_executor.models import diffusion_gemma as dg
 
 from workers.engine.vllm_reads.admission import Admissions
 from workers.engine.vllm_reads.options import ReadPathOptions
-from workers.engine.vllm_reads.plan import spans
+from workers.engine.vllm_reads.plan import fused_ranges, fused_requests, spans
 from workers.engine.vllm_reads.rows import to_device
 
 logger = init_logger(__name__)
@@ -107,6 +107,11 @@ class DgModelState(dg.DiffusionGemmaModelState):
         if options.enabled and tp != 1:
             logger.warning("dgstream read path: tensor parallel %d; vLLM's own path serves", tp)
         self.options = options
+        # One-step reads (`scheduler.DgOneStepScheduler`): this side lays their canvas
+        # (admission), masks it (`prepare_attn`) and self-conditions only its rows.
+        self.one_step = self.read_path and options.one_step
+        # Logit rows per request of the step being prepared (`prepare_inputs`).
+        self._logit_rows = np.zeros(0, dtype=np.int64)
         self.admissions = Admissions(self.diffusion_states)
         # Slots whose request may take the read path (see the module docstring).
         self.read_slots: set[int] = set()
@@ -149,10 +154,55 @@ class DgModelState(dg.DiffusionGemmaModelState):
             self.warmup_slots.discard(idx)
 
     def prepare_inputs(self, input_batch: Any, req_states: Any) -> dict[str, Any]:
+        if self.read_path:
+            n = input_batch.num_reqs
+            self._logit_rows = np.diff(input_batch.cu_num_logits_np[: n + 1]).astype(np.int64)
         out = super().prepare_inputs(input_batch, req_states)
         if self.read_path:
             self.model.defer_next = self._reads_only(input_batch)
         return out
+
+    def prepare_attn(
+        self,
+        input_batch: Any,
+        cudagraph_mode: Any,
+        block_tables: Any,
+        slot_mappings: Any,
+        attn_groups: Any,
+        kv_cache_config: Any,
+        for_capture: bool = False,
+        ubatch_idx: int = 0,
+    ) -> dict[str, Any]:
+        metadata: dict[str, Any] = super().prepare_attn(
+            input_batch,
+            cudagraph_mode,
+            block_tables,
+            slot_mappings,
+            attn_groups,
+            kv_cache_config,
+            for_capture=for_capture,
+            ubatch_idx=ubatch_idx,
+        )
+        if not self.one_step or for_capture:
+            return metadata
+        fused = fused_requests(input_batch)
+        if len(fused) == 0:
+            return metadata
+        if cudagraph_mode == dg.CUDAGraphMode.FULL:
+            # The scheduler's config check keeps FULL mode away from one-step reads; a
+            # FULL graph replays without the range, and the canvas would read causally.
+            raise RuntimeError("dgstream one-step reads reached a FULL CUDA graph step")
+        n = input_batch.num_reqs
+        ranges = fused_ranges(fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n)
+        tensor = to_device(ranges, input_batch.query_start_loc.device)
+        for md in {id(m): m for m in metadata.values()}.values():
+            if not hasattr(md, "mm_prefix_range_tensor"):
+                raise RuntimeError(
+                    f"dgstream one-step reads need TRITON_ATTN; this step's attention "
+                    f"metadata is {type(md).__name__}"
+                )
+            md.mm_prefix_range_tensor = tensor
+        return metadata
 
     def _reads_only(self, input_batch: Any) -> bool:
         """Whether every request that denoises this step is a single-step read (a step
@@ -177,8 +227,10 @@ class DgModelState(dg.DiffusionGemmaModelState):
                 decode_slots_np, decode_idx_np, query_start_loc_np, inputs_embeds, sc_embeds
             )
             return
-        starts = query_start_loc_np[decode_idx_np].astype(np.int64)
         ends = query_start_loc_np[decode_idx_np + 1].astype(np.int64)
+        # A request's canvas is its last rows: all of them in a canvas step, the tail
+        # after its prompt for a one-step read.
+        starts = ends - self._logit_rows[decode_idx_np]
         where = spans(starts, ends)
         rows: slice | torch.Tensor = (
             slice(*where) if isinstance(where, tuple) else to_device(where, inputs_embeds.device)

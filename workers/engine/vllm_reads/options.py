@@ -45,6 +45,11 @@ class ReadPathOptions(BaseModel):
     # >= 128 to 8 because its own sampler holds [reads x canvas x vocabulary] fp32 copies;
     # the read path holds one bounded tile). None: leave vLLM's value.
     max_num_seqs: int | None = Field(default=None, gt=0)
+    # One-step reads: a seeded single-step read's canvas runs in the step that finishes its
+    # prompt (`scheduler.DgOneStepScheduler`), one forward pass instead of two. Needs async
+    # scheduling and vLLM's TRITON_ATTN backend (its bidirectional-range mask), and not
+    # FULL CUDA graphs (a range is a per-step tensor, which a FULL graph would not see).
+    one_step: bool = False
 
     @classmethod
     def from_additional_config(cls, additional: Mapping[str, Any] | None) -> ReadPathOptions:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -111,4 +112,48 @@ def spans(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int] | np.ndarray:
     )
 
 
-__all__ = ["Group", "GroupKey", "StepPlan", "plan_step", "spans"]
+def fused_indices(is_prefilling: np.ndarray, cu_num_logits: np.ndarray) -> np.ndarray:
+    """Batch indices of one-step reads (`scheduler.DgOneStepScheduler`): requests still
+    reading their prompt that also have canvas rows this step."""
+    n = len(is_prefilling)
+    rows = np.diff(np.asarray(cu_num_logits[: n + 1], dtype=np.int64))
+    return np.flatnonzero(np.asarray(is_prefilling, dtype=bool) & (rows > 0))
+
+
+def fused_requests(batch: Any) -> np.ndarray:
+    """`fused_indices` of a vLLM input batch (none when it carries no drafts)."""
+    if getattr(batch, "num_draft_tokens", 0) == 0:
+        return np.zeros(0, dtype=np.int64)
+    n = int(batch.num_reqs)
+    prefilling = batch.is_prefilling_np[:n]
+    return fused_indices(prefilling, batch.cu_num_logits_np)
+
+
+def fused_ranges(
+    fused: np.ndarray, cu_num_logits: np.ndarray, prefill_len: np.ndarray, num_reqs: int
+) -> np.ndarray:
+    """[num_reqs, 1, 2] int32: for each one-step read its canvas's absolute positions,
+    first and last (inclusive), zeros for every other request. Given to vLLM's Triton
+    attention as its bidirectional ranges: a request stays causal (its prompt), and
+    inside the range every position sees every other (the canvas), which is the mask of
+    the two-step path's prompt step and canvas step together."""
+    out = np.zeros((num_reqs, 1, 2), dtype=np.int32)
+    if len(fused) == 0:
+        return out
+    rows = np.diff(np.asarray(cu_num_logits[: num_reqs + 1], dtype=np.int64))
+    first = np.asarray(prefill_len, dtype=np.int64)[fused]
+    out[fused, 0, 0] = first
+    out[fused, 0, 1] = first + rows[fused] - 1
+    return out
+
+
+__all__ = [
+    "Group",
+    "GroupKey",
+    "StepPlan",
+    "fused_indices",
+    "fused_ranges",
+    "fused_requests",
+    "plan_step",
+    "spans",
+]

@@ -29,7 +29,7 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
 from workers.engine.vllm_reads.options import vocab_tile_rows
-from workers.engine.vllm_reads.plan import StepPlan, plan_step
+from workers.engine.vllm_reads.plan import StepPlan, fused_requests, plan_step
 from workers.engine.vllm_reads.rows import (
     RowReads,
     concat_rows,
@@ -143,12 +143,13 @@ class DgReadSampler:
     def apply_staged_writes(self) -> None:
         self.stock.sampling_states.apply_staged_writes()
         self.stock.logprob_token_ids_state.apply_staged_writes()
-        self.state.admissions.flush()
+        drafts: Any = getattr(getattr(self.stock, "req_states", None), "draft_tokens", None)
         if self._fresh_drafts:
-            drafts = self.stock.req_states.draft_tokens
             slots = to_device(np.asarray(self._fresh_drafts, dtype=np.int64), drafts.device)
             drafts.index_fill_(0, slots, 0)
             self._fresh_drafts.clear()
+        # After the zeroing: one-step reads find their seed canvas in the row.
+        self.state.admissions.flush(drafts if self.state.one_step else None)
 
     # ------------------------------------------------------------------ steps
 
@@ -158,6 +159,12 @@ class DgReadSampler:
             self._profiled = True
             self._profile_tile(logits)
         if rows is None:
+            fused = fused_requests(input_batch)
+            if len(fused) > 0:
+                # A step vLLM's own sampler serves (it holds something that is not a
+                # read): one-step reads get the state the two-step path gives them when
+                # their prompt has been read, so that sampler denoises them as it would.
+                self.stock._finish_prefills(input_batch, fused)
             return self.stock(logits, input_batch, draft_logits)
         if input_batch.num_draft_tokens == 0:
             return self.stock._handle_prefill(input_batch, rows.device)

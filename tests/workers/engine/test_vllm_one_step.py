@@ -1,0 +1,328 @@
+"""One-step reads on the CPU: vLLM 0.33's real diffusion scheduler under the plugin's
+subclass, its requests and its KV block pool; the settings and config checks; the
+attention ranges. The forward pass itself (one step against two, the same answers) is the
+gpu tier's (`test_vllm_gpu.py::test_one_step_reads_answer_as_two_steps`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from workers.engine.models import DIFFUSION_GENERATION
+from workers.engine.vllm_backend import TWO_STEP_KEY, VllmSettings, build_sampling_params
+from workers.engine.vllm_reads.plan import fused_indices, fused_ranges
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+WIDTH = 16  # the served canvas here
+BLOCK = 16
+BLOCKS = 64
+BUDGET = 256  # max_num_batched_tokens
+
+
+def _extra(**over: Any) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "diffusion_canvas_length": WIDTH,
+        "diffusion_seed_canvas": list(range(1, WIDTH + 1)),
+        "diffusion_max_steps": 1,
+        "diffusion_read_only": True,
+        "diffusion_constrained": True,
+    }
+    extra.update(over)
+    return {k: v for k, v in extra.items() if v is not None}
+
+
+def _params(extra: dict[str, Any] | None = None, **kw: Any) -> Any:
+    from vllm.sampling_params import SamplingParams
+
+    base: dict[str, Any] = {"temperature": 1.0, "max_tokens": WIDTH, "ignore_eos": True}
+    return SamplingParams(**{**base, **kw}, extra_args=_extra() if extra is None else extra)
+
+
+# --- which requests take one step ------------------------------------------------------
+
+
+def test_a_read_built_by_the_engine_takes_one_step_unless_its_sibling_opts_out() -> None:
+    from workers.engine.types import Read, Slot
+    from workers.engine.vllm_reads.scheduler import one_step_width
+
+    read = Read((5, 6, 7), tuple(range(WIDTH)), (Slot("q", 1, (3, 4), ("yes", "no")),))
+    settings = VllmSettings(one_step_reads=True)
+    assert one_step_width(build_sampling_params(read, settings)) == WIDTH
+    two = build_sampling_params(read, settings, two_step=True)
+    assert two.extra_args[TWO_STEP_KEY] is True
+    assert one_step_width(two) is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "kw", "why"),
+    [
+        (_extra(diffusion_read_only=None), {}, "not read-only: it may commit"),
+        (_extra(diffusion_max_steps=2), {}, "more than one step"),
+        (_extra(diffusion_max_steps=None), {}, "vLLM's own step count"),
+        (_extra(diffusion_seed_canvas=None), {}, "no seed: vLLM draws the canvas later"),
+        (_extra(diffusion_pinned=[0]), {}, "pinned positions"),
+        (_extra(diffusion_canvas_length=None), {}, "the served canvas, not its own"),
+        (_extra(**{TWO_STEP_KEY: True}), {}, "opted out"),
+        (_extra(), {"top_k": 5}, "top-k filters the logits"),
+        (_extra(), {"top_p": 0.9}, "top-p filters the logits"),
+        (_extra(), {"logprobs": 2}, "top-k logprobs"),
+    ],
+)
+def test_requests_that_are_not_seeded_single_step_reads_take_two_steps(
+    extra: dict[str, Any], kw: dict[str, Any], why: str
+) -> None:
+    from workers.engine.vllm_reads.scheduler import one_step_width
+
+    assert one_step_width(_params()) == WIDTH
+    assert one_step_width(_params(extra, **kw)) is None, why
+
+
+# --- the scheduler ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("diffusiongemma")
+    config = {
+        "architectures": ["DiffusionGemmaForBlockDiffusion"],
+        "model_type": "diffusion_gemma",
+        "canvas_length": 256,
+        "torch_dtype": "bfloat16",
+        "text_config": {"model_type": "diffusion_gemma_text", "vocab_size": 1000},
+    }
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "generation_config.json").write_text(json.dumps(DIFFUSION_GENERATION))
+    return d
+
+
+def _vllm_config(model_dir: Path, *, budget: int = BUDGET) -> Any:
+    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from workers.engine.vllm_backend import engine_args
+
+    settings = VllmSettings(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        canvas_length=WIDTH,
+        one_step_reads=True,
+        max_num_batched_tokens=budget,
+        max_num_seqs=8,
+        max_model_len=512,
+    )
+    args = AsyncEngineArgs(**engine_args(settings))
+    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
+    cache.num_gpu_blocks = BLOCKS
+    scheduler = SchedulerConfig(
+        runner_type="generate",
+        max_num_batched_tokens=budget,
+        max_num_seqs=8,
+        max_model_len=512,
+        async_scheduling=True,
+        is_encoder_decoder=False,
+    )
+    return VllmConfig(
+        model_config=args.create_model_config(),
+        cache_config=cache,
+        scheduler_config=scheduler,
+        diffusion_config=args.create_diffusion_config(),
+        device_config=DeviceConfig(device="cpu"),
+    )
+
+
+def _scheduler(model_dir: Path, **kw: Any) -> Any:
+    import torch
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from workers.engine.vllm_reads.scheduler import DgOneStepScheduler
+
+    config = _vllm_config(model_dir, **kw)
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    kv = KVCacheConfig(
+        num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
+    )
+    sched = DgOneStepScheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+    )
+    init_none_hash(lambda b: b)
+    hasher = get_request_block_hasher(BLOCK, lambda b: repr(b).encode())
+    return SimpleNamespace(sched=sched, hasher=hasher)
+
+
+def _request(s: Any, rid: str, prompt: list[int], params: Any | None = None) -> Any:
+    from vllm.v1.request import Request
+
+    return Request(
+        request_id=rid,
+        prompt_token_ids=prompt,
+        sampling_params=params or _params(),
+        pooling_params=None,
+        arrival_time=0.0,
+        block_hasher=s.hasher,
+    )
+
+
+def _finish(sched: Any, out: Any, canvases: dict[str, list[int]]) -> dict[str, Any]:
+    """The runner's output for a step (each read's canvas), through update_from_output:
+    {request id: its EngineCoreOutput}."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(out.num_scheduled_tokens)
+    result = ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[canvases.get(r, []) for r in ids],
+    )
+    done = sched.update_from_output(out, result)
+    return {o.request_id: o for outs in done.values() for o in outs.outputs}
+
+
+def test_a_read_runs_prompt_and_canvas_in_one_step_and_ends_there(model_dir: Path) -> None:
+    """vLLM's scheduler with the plugin's subclass: a seeded single-step read is scheduled
+    once, for its prompt and its canvas (KV slots for both, the canvas as drafts), and
+    ends when that step's output arrives; a read that opts out takes vLLM's two steps.
+    Every block goes back to the pool."""
+    s = _scheduler(model_dir)
+    sched = s.sched
+    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    one = _request(s, "one", list(range(100, 120)))
+    two = _request(s, "two", list(range(200, 220)), _params(_extra(**{TWO_STEP_KEY: True})))
+    sched.add_request(one)
+    sched.add_request(two)
+    first = sched.schedule()
+    assert first.num_scheduled_tokens == {"one": 20 + WIDTH, "two": 20}
+    assert first.total_num_scheduled_tokens == 40 + WIDTH
+    assert first.scheduled_spec_decode_tokens == {"one": [-1] * WIDTH}
+    blocks = {d.req_id: d.block_ids[0] for d in first.scheduled_new_reqs}
+    assert len(blocks["one"]) == -(-(20 + WIDTH) // BLOCK)  # prompt and canvas
+    assert len(blocks["two"]) == -(-20 // BLOCK)
+    assert sched.fused_reads == 1
+    # Async scheduling: the next step is scheduled while the first runs. The one-step read
+    # has its canvas in flight and is not scheduled again; the other gets its canvas.
+    second = sched.schedule()
+    assert second.num_scheduled_tokens == {"two": WIDTH}
+    canvas = list(range(500, 500 + WIDTH))
+    outputs = _finish(sched, first, {"one": canvas})
+    assert outputs["one"].new_token_ids == canvas
+    assert outputs["one"].finish_reason is not None
+    assert "two" not in outputs or not outputs["two"].new_token_ids
+    outputs = _finish(sched, second, {"two": canvas})
+    assert outputs["two"].new_token_ids == canvas
+    assert not sched.requests
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free
+
+
+def test_a_cached_prompt_prefix_is_not_read_again(model_dir: Path) -> None:
+    """A second read of the same 40-token prompt hits the prefix cache: its step holds
+    the uncached tail and the canvas, and the hit's blocks are shared."""
+    s = _scheduler(model_dir)
+    sched = s.sched
+    prompt = list(range(300, 340))
+    sched.add_request(_request(s, "a", prompt))
+    first = sched.schedule()
+    _finish(sched, first, {"a": list(range(WIDTH))})
+    sched.add_request(_request(s, "b", prompt))
+    out = sched.schedule()
+    cached = 32  # two full blocks of the prompt (vLLM recomputes at least the last token)
+    assert out.num_scheduled_tokens == {"b": 40 - cached + WIDTH}
+    assert out.scheduled_new_reqs[0].num_computed_tokens == cached
+    assert len(out.scheduled_new_reqs[0].block_ids[0]) == -(-(40 + WIDTH) // BLOCK)
+
+
+def test_reads_that_do_not_fit_the_step_take_two_steps(model_dir: Path) -> None:
+    """A budget of 64 tokens: the first read's prompt (40) and canvas (16) fit; the second
+    read's prompt takes the rest of the budget, so its canvas waits for the next step."""
+    s = _scheduler(model_dir, budget=64)
+    sched = s.sched
+    sched.add_request(_request(s, "a", list(range(100, 140))))
+    sched.add_request(_request(s, "b", list(range(200, 208))))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"a": 40 + WIDTH, "b": 8}
+    assert out.scheduled_spec_decode_tokens == {"a": [-1] * WIDTH}
+    assert sched.fused_reads == 1
+
+
+def test_a_prompt_longer_than_the_budget_takes_two_steps(model_dir: Path) -> None:
+    s = _scheduler(model_dir, budget=64)
+    sched = s.sched
+    sched.add_request(_request(s, "long", list(range(1, 101))))
+    out = sched.schedule()
+    assert out.num_scheduled_tokens == {"long": 64}  # a chunk of the prompt
+    assert not out.scheduled_spec_decode_tokens
+    assert sched.fused_reads == 0
+
+
+# --- settings and vLLM's config --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("over", "named"),
+    [
+        ({"read_path": "stock", "max_num_seqs": 64}, "read_path 'stock'"),
+        ({"async_scheduling": False}, "async_scheduling False"),
+        ({"async_scheduling": None}, "async_scheduling None"),
+        ({"attention_backend": "FLASH_ATTN"}, "attention_backend 'FLASH_ATTN'"),
+        ({"cudagraph_mode": "FULL"}, "cudagraph_mode 'FULL'"),
+    ],
+)
+def test_one_step_reads_refuse_settings_they_cannot_run_with(
+    over: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match="one_step_reads") as err:
+        VllmSettings(one_step_reads=True, **over)
+    assert named in str(err.value)
+    VllmSettings(one_step_reads=False, **over)  # each is fine without one-step reads
+
+
+def test_the_config_hook_installs_the_scheduler_only_where_it_can_run(model_dir: Path) -> None:
+    from vllm.config.compilation import CUDAGraphMode
+
+    from workers.engine.vllm_reads import one_step_refusal
+    from workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
+
+    def config(**sched: Any) -> Any:
+        c = _vllm_config(model_dir)
+        c.scheduler_config.scheduler_cls = None  # as at the hook: before vLLM picks one
+        c.attention_config.backend = type("B", (), {"name": "TRITON_ATTN"})()
+        for k, v in sched.items():
+            setattr(c.scheduler_config, k, v)
+        return c
+
+    assert one_step_refusal(config()) is None
+    assert "async" in str(one_step_refusal(config(async_scheduling=None)))
+    assert "scheduler class" in str(one_step_refusal(config(scheduler_cls="x.Y")))
+    full = config()
+    full.compilation_config.cudagraph_mode = CUDAGraphMode.FULL
+    assert "FULL" in str(one_step_refusal(full))
+    other = config()
+    other.attention_config.backend = type("B", (), {"name": "FLASH_ATTN"})()
+    assert "FLASH_ATTN" in str(one_step_refusal(other))
+    assert SCHEDULER_CLASS.rsplit(".", 1)[1] == "DgOneStepScheduler"
+
+
+# --- the attention ranges --------------------------------------------------------------
+
+
+def test_the_canvas_range_of_each_one_step_read() -> None:
+    # Request 0: a canvas step; 1: a one-step read (prompt 20, canvas 12); 2: a prompt
+    # chunk; 3: a one-step read (prompt 7, canvas 16).
+    prefilling = np.array([False, True, True, True])
+    cu = np.array([0, 16, 28, 28, 44])
+    fused = fused_indices(prefilling, cu)
+    assert fused.tolist() == [1, 3]
+    ranges = fused_ranges(fused, cu, np.array([30, 20, 500, 7]), 4)
+    assert ranges.dtype == np.int32 and ranges.shape == (4, 1, 2)
+    assert ranges[:, 0].tolist() == [[0, 0], [20, 31], [0, 0], [7, 22]]
+    assert not fused_ranges(fused[:0], cu, np.array([30, 20, 500, 7]), 4).any()
