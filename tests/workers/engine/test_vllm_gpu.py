@@ -311,15 +311,14 @@ def test_cuda_graphs_answer_as_eager(
 @pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
 def test_one_step_reads_answer_as_two_steps(
     loop: asyncio.AbstractEventLoop,
-    vllm_engine: VllmEngine,
     requests: list[Any],
     eager: bool,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """One-step reads (a read's prompt and canvas in one forward pass) against the same
-    engine's reads opting out (vLLM's two steps), and against the eager two-step engine
-    above: every answer the same, every probability within 0.01. The engine core's log
-    shows that reads did run in one step (else this would compare two steps with two)."""
+    engine's reads opting out (vLLM's two steps, which the tests above hold to vLLM's own
+    path and to eager): every answer the same, every probability within 0.01. The engine
+    core's log shows that reads did run in one step (else this compares two with two)."""
     chat = _chat()
     engine = VllmEngine(
         demo_settings(enforce_eager=eager, one_step_reads=True),
@@ -333,32 +332,25 @@ def test_one_step_reads_answer_as_two_steps(
         assert engine.read_path == "dgstream", engine.read_path
         one = Classifier(engine, chat, ClassifierSettings(seed=0))
         two = Classifier(engine.sibling(two_step=True), chat, ClassifierSettings(seed=0))
-        eager_two = Classifier(vllm_engine, chat, ClassifierSettings(seed=0))
         classify(loop, one, requests[:BATCH])  # warm-up
         classify(loop, two, requests[:BATCH])
         mine, one_s = classify(loop, one, requests)
         theirs, two_s = classify(loop, two, requests)
-        reference, _ = classify(loop, eager_two, requests)
         agreement = compare(theirs, mine)
-        against_eager = compare(reference, mine)
         log = capfd.readouterr()
         fused = re.findall(r"dgstream one-step reads: (\d+) read", log.out + log.err)
         REPORT[name] = {
             **agreement,
-            "max_probability_gap_vs_eager_two_steps": against_eager["max_probability_gap"],
-            "answers_differ_vs_eager_two_steps": against_eager["answers_differ"],
             "requests": len(requests),
             "seconds": one_s,
             "two_step_seconds": two_s,
             "start_s": start_s,
             "fused_logged": fused,
         }
-        print(f"\none-step ({name}) vs two steps: {agreement}; vs eager: {against_eager}")
+        print(f"\none-step ({name}) vs two steps: {agreement}")
         assert fused, "no read ran in one step"
         assert agreement["answers_differ"] == 0, agreement
         assert agreement["max_probability_gap"] <= MAX_GAP, agreement
-        assert against_eager["answers_differ"] == 0, against_eager
-        assert against_eager["max_probability_gap"] <= MAX_GAP, against_eager
     finally:
         loop.run_until_complete(engine.close())
 
