@@ -180,6 +180,11 @@ def main() -> int:
         default=[],
         help="the card's scheduling section from card runs' JSON, the first the baseline",
     )
+    ap.add_argument(
+        "--render-steps",
+        default="",
+        help="the one-step section from a card run with --one-step-reads --beside-two-step",
+    )
     ap.add_argument("--date", default="", help="the device session's date, for a section")
     ap.add_argument(
         "--section",
@@ -238,6 +243,15 @@ def main() -> int:
 
         md = render_scheduling([Path(p) for p in args.render_scheduling], args.date, args.section)
         write_section(args.section, md)
+        print(md)
+        return 0
+    if args.render_steps:
+        from support.card_rows import render_steps
+
+        from bench.report import write_section
+
+        md = render_steps(Path(args.render_steps), args.date)
+        write_section("card24-one-step", md)
         print(md)
         return 0
     if args.render_vllm:

@@ -334,3 +334,47 @@ def test_uniform_spread_is_the_largest_stray_from_an_even_split() -> None:
     assert card_rows.uniform_spread([[[0.25, 0.25, 0.5]]]) == pytest.approx(1 / 6)
     assert card_rows.uniform_spread([[[0.5, 0.5]], [[0.4, 0.6]]]) == pytest.approx(0.1)
     assert card_rows.uniform_spread([]) == 0.0
+
+
+@pytest.mark.unit
+def test_the_one_step_section_sets_each_row_beside_its_two_steps(tmp_path: Path) -> None:
+    """One run's rows, one- and two-step (`steps`), side by side with their ratio; the
+    batch-1 p50s of one batch in flight are figures, the other rows' are not."""
+    rows = [
+        {
+            "variant": f"vllm/{kind}",
+            "batch": b,
+            "in_flight": depth,
+            "reads_per_s": 100.0 * b * (1.5 if steps == 1 else 1.0),
+            "p50_ms": 20.0 if steps == 1 else 30.0,
+            "p99_ms": 40.0,
+            "gpu_busy_pct": 50.0,
+            "steps": steps,
+        }
+        for steps in (1, 2)
+        for b in (1, 256)
+        for kind in ("shared", "unique")
+        for depth in (1, 4)
+    ]
+    info = {"gpu": "NVIDIA H200", "card_gib": 23.6, "kv_cache_tokens": 25113, "start_s": 210.0}
+    path = tmp_path / "card_one_step.json"
+    path.write_text(json.dumps({"info": info, "rows": rows}))
+    md = card_rows.render_steps(path, "2026-12-05")
+    lines = md.splitlines()
+    assert lines[0].endswith("(2026-12-05)")
+    table = [line for line in lines if line.startswith("| 1 ") or line.startswith("| 256 ")]
+    assert [line.split("|")[1:4] for line in table][:2] == [
+        [" 1 ", " unique ", " 1 "],
+        [" 1 ", " unique ", " 4 "],
+    ]
+    first = [c.strip() for c in table[0].strip("|").split("|")]
+    assert (
+        first[3] == "150.0 (<!-- figure: one_step_unique_b1_p50 -->20.0<!-- /figure --> / 40; 50%)"
+    )
+    assert (
+        first[4] == "100.0 (<!-- figure: two_step_unique_b1_p50 -->30.0<!-- /figure --> / 40; 50%)"
+    )
+    assert first[5] == "1.50x"
+    deep = [c.strip() for c in table[1].strip("|").split("|")]
+    assert deep[3] == "150.0 (20.0 / 40; 50%)"
+    assert "--render-steps docs/data/card24/one_step/card_one_step.json --date 2026-12-05" in md

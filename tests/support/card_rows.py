@@ -5,7 +5,9 @@ machine; tests/bench/test_engine_vllm_rows.py checks them on the CPU).
   in flight, the engine's reads/s and each read's latency; the reads are made before a
   row's clock starts;
 - `render_scheduling`: card runs of one device session side by side, the product's
-  defaults' column marking the figures other pages quote.
+  defaults' column marking the figures other pages quote;
+- `render_steps`: one engine start's rows with one-step reads beside the same engine's
+  reads taking vLLM's two steps.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "probe",
     "probe_agreement",
     "render_scheduling",
+    "render_steps",
     "run_label",
     "scheduling_name",
     "stack_samples",
@@ -390,4 +393,80 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
                 "spreads. The answers are held side by side on the demo model (the gpu tests)."
             )
     lines += ["", "Reproduce:", "", "```", command.replace("DATE", date or "DATE"), "```"]
+    return "\n".join(lines)
+
+
+# --- docs/benchmarks.md: one-step reads against two steps, one engine ------------------------
+
+STEPS_COMMAND = (
+    "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+    "# on the GPU machine, one device session:\n"
+    'PYTEST_K="one_step and graphs" bash bench/gpu/vllm_session.sh tests   # the answers\n'
+    "BATCHES=1,256 bash bench/gpu/vllm_session.sh card one_step --in-flight 1,4 "
+    "--one-step-reads --beside-two-step\n"
+    "# here: this section\n"
+    "python bench/engine_gpu.py --render-steps docs/data/card24/one_step/card_one_step.json "
+    "--date DATE"
+)
+
+
+def render_steps(path: Path, date: str = "") -> str:
+    """One engine start with one-step reads (`--one-step-reads --beside-two-step`): each
+    row's one-step figures beside the same engine's reads opting out (vLLM's two steps,
+    other reads of the same shapes), and the ratio. The batch-1 p50s are figures."""
+    run = json.loads(path.read_text())
+    info = run["info"]
+    keyed: dict[int, dict[tuple[int, str, int], dict[str, Any]]] = {1: {}, 2: {}}
+    for r in run["rows"]:
+        keyed[r.get("steps", 1)][(r["batch"], r["variant"], r.get("in_flight", 1))] = r
+    keys = sorted(set(keyed[1]) | set(keyed[2]), key=lambda k: (k[0], k[1] != "vllm/unique", k[2]))
+
+    def cell(row: dict[str, Any] | None, name: str | None = None) -> str:
+        if row is None:
+            return "-"
+        busy = row.get("gpu_busy_pct")
+        busy_s = f"; {busy:.0f}%" if isinstance(busy, int | float) else ""
+        p50 = f"{row['p50_ms']:.1f}"
+        if name:
+            p50 = figure(name, p50)
+        return f"{row['reads_per_s']:.1f} ({p50} / {row['p99_ms']:.0f}{busy_s})"
+
+    gpu = info.get("gpu") or "GPU"
+    lines = [
+        "## One-step reads against vLLM's two steps, one engine on the emulated 24 GB card"
+        + (f" ({date})" if date else ""),
+        "",
+        "One engine start with `one_step_reads` on (the product's defaults otherwise), on one "
+        f"{gpu} made to behave as the {info.get('card_gib') or 23.6} GiB card, the "
+        "full-size NVFP4 shape with dummy weights. Each row ran twice on that engine: "
+        "its reads in one step (a read's prompt and canvas in one forward pass), then other "
+        "reads of the same shapes opting out (`dgstream_two_step`: vLLM's prompt step, then "
+        "its canvas step). The reads are the card runs' (256-token prompts, 16-position "
+        "canvases with 3 slots, constrained; `shared`: one question set). Reads/s (p50 / "
+        "p99 ms per read; GPU busy %, NVML):",
+        "",
+        "| batch | kind | batches in flight | one step | two steps | one / two |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for key in keys:
+        one, two = keyed[1].get(key), keyed[2].get(key)
+        b, variant, depth = key
+        kind = variant.split("/")[1]
+        name = f"one_step_{kind}_b{b}_p50" if b == 1 and depth == 1 else None
+        ratio = f"{one['reads_per_s'] / two['reads_per_s']:.2f}x" if one and two else "-"
+        lines.append(
+            f"| {b} | {kind} | {depth} | {cell(one, name)} | "
+            f"{cell(two, name and name.replace('one_step', 'two_step'))} | {ratio} |"
+        )
+    lines += [
+        "",
+        f"Engine start: {info.get('kv_blocks') or 0:,} KV blocks, vLLM's count "
+        f"{info['kv_cache_tokens']:,} tokens, {info['start_s']:.0f} s.",
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        STEPS_COMMAND.replace("DATE", date or "DATE"),
+        "```",
+    ]
     return "\n".join(lines)

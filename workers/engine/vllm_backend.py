@@ -194,7 +194,11 @@ class VllmSettings(BaseModel):
     # One-step reads: a read's canvas runs in the step that finishes its prompt, one
     # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). Needs
     # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN and a
-    # cudagraph_mode other than FULL. Off by default until measured on the card.
+    # cudagraph_mode other than FULL. On an H200 as the 24 GB card (2026-12-05), one read
+    # took 22.9 ms p50 on a unique prompt against 31.3 in two steps on the same engine,
+    # batch 256 read the same, and the demo model answered as in two steps; with four
+    # batches in flight it stalled on attention kernels compiled while serving. Off by
+    # default until the fix for that (the kernel compiled at warmup) is measured.
     one_step_reads: bool = False
 
     @model_validator(mode="after")

@@ -326,3 +326,75 @@ def test_the_canvas_range_of_each_one_step_read() -> None:
     assert ranges.dtype == np.int32 and ranges.shape == (4, 1, 2)
     assert ranges[:, 0].tolist() == [[0, 0], [20, 31], [0, 0], [7, 22]]
     assert not fused_ranges(fused[:0], cu, np.array([30, 20, 500, 7]), 4).any()
+
+
+class _Metadata:
+    """What the model state touches of vLLM's TritonAttentionMetadata."""
+
+    mm_prefix_range_tensor: Any = None
+
+
+def _attn_state(monkeypatch: pytest.MonkeyPatch, metadata: dict[str, Any]) -> Any:
+    from vllm.model_executor.models import diffusion_gemma as dg
+
+    from workers.engine.vllm_reads.model import DgModelState
+
+    # vLLM's own prepare_attn needs the runner's attention groups and KV cache: it stands
+    # for them here, returning per-layer metadata (two layers share one object, as in vLLM).
+    monkeypatch.setattr(dg.DiffusionGemmaModelState, "prepare_attn", lambda *a, **k: metadata)
+    state = object.__new__(DgModelState)
+    state.one_step = True
+    return state
+
+
+def _attn_batch(prefilling: list[bool], rows: list[int], prompts: list[int]) -> Any:
+    import torch
+
+    n = len(rows)
+    return SimpleNamespace(
+        num_reqs=n,
+        num_draft_tokens=sum(rows),
+        is_prefilling_np=np.array(prefilling),
+        cu_num_logits_np=np.concatenate(([0], np.cumsum(rows))).astype(np.int32),
+        prefill_len_np=np.array(prompts, dtype=np.int32),
+        query_start_loc=torch.zeros(n + 1, dtype=torch.int32),
+    )
+
+
+def test_every_piecewise_step_gets_the_ranges_and_a_full_graph_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.config.compilation import CUDAGraphMode
+
+    shared = _Metadata()
+    state = _attn_state(monkeypatch, {"l0": shared, "l1": shared, "l2": _Metadata()})
+    fused = _attn_batch([False, True], [WIDTH, WIDTH], [40, 30])
+    out = state.prepare_attn(fused, CUDAGraphMode.PIECEWISE, None, None, None, None)
+    for md in out.values():
+        assert md.mm_prefix_range_tensor.tolist() == [[[0, 0]], [[30, 30 + WIDTH - 1]]]
+    # No read fused: the ranges all zero (the kernel's variant with ranges, compiled at
+    # vLLM's warmup, and inert).
+    plain = _attn_batch([False, True], [WIDTH, 0], [40, 30])
+    out = state.prepare_attn(plain, CUDAGraphMode.NONE, None, None, None, None)
+    assert not out["l2"].mm_prefix_range_tensor.any()
+    # A FULL graph: nothing attached for a uniform canvas step, a refusal for a fused one.
+    state = _attn_state(monkeypatch, {"l0": _Metadata()})
+    out = state.prepare_attn(plain, CUDAGraphMode.FULL, None, None, None, None)
+    assert out["l0"].mm_prefix_range_tensor is None
+    with pytest.raises(RuntimeError, match="FULL"):
+        state.prepare_attn(fused, CUDAGraphMode.FULL, None, None, None, None)
+    # Graph capture is vLLM's alone.
+    out = state.prepare_attn(fused, CUDAGraphMode.PIECEWISE, None, None, None, None, True)
+    assert out["l0"].mm_prefix_range_tensor is None
+
+
+def test_one_step_reads_refuse_an_attention_backend_without_ranges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.config.compilation import CUDAGraphMode
+
+    state = _attn_state(monkeypatch, {"l0": object()})
+    with pytest.raises(RuntimeError, match="TRITON_ATTN"):
+        state.prepare_attn(
+            _attn_batch([True], [WIDTH], [9]), CUDAGraphMode.NONE, None, None, None, None
+        )

@@ -186,12 +186,19 @@ class DgModelState(dg.DiffusionGemmaModelState):
         if not self.one_step or for_capture:
             return metadata
         fused = fused_requests(input_batch)
-        if len(fused) == 0:
-            return metadata
         if cudagraph_mode == dg.CUDAGraphMode.FULL:
+            if len(fused) == 0:
+                return metadata  # a uniform canvas step: its graph holds its attention
             # The scheduler's config check keeps FULL mode away from one-step reads; a
             # FULL graph replays without the range, and the canvas would read causally.
             raise RuntimeError("dgstream one-step reads reached a FULL CUDA graph step")
+        # Every other step gets the ranges, zeros where no read is fused (inert: the mask
+        # takes a range only where start < end). The attention kernel is a variant of its
+        # own with ranges, and Triton compiles a variant the first time it runs: given on
+        # every step, vLLM's warmup compiles it. Given on fused steps only, the variants
+        # compiled while serving (vLLM's JIT monitor warned of kernel_unified_attention),
+        # and the rows with four batches in flight stalled: p99 2.3 s at batch 1 and
+        # 3.4 s at batch 256 on one question set (2026-12-05, H200; the fix is unmeasured).
         n = input_batch.num_reqs
         ranges = fused_ranges(fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n)
         tensor = to_device(ranges, input_batch.query_start_loc.device)
