@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from support.vllm_model import write_model_dir
 
 from workers.engine.models import DIFFUSION_GENERATION
 from workers.engine.types import (
@@ -157,16 +158,7 @@ READS = {
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """vLLM's real ModelConfig and InputProcessor for a DiffusionGemma served as configured."""
-    model_dir = tmp_path_factory.mktemp("diffusiongemma")
-    config = {
-        "architectures": ["DiffusionGemmaForBlockDiffusion"],
-        "model_type": "diffusion_gemma",
-        "canvas_length": 256,  # the checkpoint's; the served one comes from diffusion_config
-        "torch_dtype": "bfloat16",
-        "text_config": {"model_type": "diffusion_gemma_text", "vocab_size": VOCAB},
-    }
-    (model_dir / "config.json").write_text(json.dumps(config))
-    (model_dir / "generation_config.json").write_text(json.dumps(DIFFUSION_GENERATION))
+    model_dir = write_model_dir(tmp_path_factory.mktemp("diffusiongemma"), VOCAB)
     settings = VllmSettings(model=str(model_dir), skip_tokenizer_init=True)
     args = AsyncEngineArgs(**engine_args(settings))
     model_config = args.create_model_config()

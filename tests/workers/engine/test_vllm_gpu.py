@@ -266,6 +266,22 @@ def test_the_read_path_answers_as_stock_vllm(
         assert all(m is not None for r in mine for m in r.diagnostics.label_mass.values())
 
 
+def _start(loop: asyncio.AbstractEventLoop, **overrides: Any) -> tuple[VllmEngine, float]:
+    """A demo-model engine with the factory's shared labels and the given settings, started
+    on the read path (close it); and its start's seconds."""
+    chat = _chat()
+    engine = VllmEngine(
+        demo_settings(**overrides), shared_labels=standard_label_ids(chat.encode, chat.eot_id)
+    )
+    t0 = time.perf_counter()
+    loop.run_until_complete(engine.start())
+    start_s = time.perf_counter() - t0
+    if engine.read_path != "dgstream":
+        loop.run_until_complete(engine.close())
+        raise AssertionError(f"the engine runs the {engine.read_path} read path")
+    return engine, start_s
+
+
 @pytest.mark.parametrize("mode", [None, "FULL"], ids=["default-graphs", "full-graphs"])
 def test_cuda_graphs_answer_as_eager(
     loop: asyncio.AbstractEventLoop,
@@ -278,16 +294,9 @@ def test_cuda_graphs_answer_as_eager(
     read eagerly. The read path with graphs against the same path eager: every answer the
     same, every probability within 0.01, constrained."""
     chat = _chat()
-    engine = VllmEngine(
-        demo_settings(enforce_eager=False, cudagraph_mode=mode),
-        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
-    )
     name = "graphs_" + (mode or "default").lower()
-    t0 = time.perf_counter()
-    loop.run_until_complete(engine.start())
+    engine, start_s = _start(loop, enforce_eager=False, cudagraph_mode=mode)
     try:
-        start_s = time.perf_counter() - t0
-        assert engine.read_path == "dgstream", engine.read_path
         graphs = Classifier(engine, chat, ClassifierSettings(seed=0))
         eager = Classifier(vllm_engine, chat, ClassifierSettings(seed=0))
         classify(loop, graphs, requests[:BATCH])  # warm-up
@@ -320,16 +329,9 @@ def test_one_step_reads_answer_as_two_steps(
     path and to eager): every answer the same, every probability within 0.01. The engine
     core's log shows that reads did run in one step (else this compares two with two)."""
     chat = _chat()
-    engine = VllmEngine(
-        demo_settings(enforce_eager=eager, one_step_reads=True),
-        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
-    )
     name = "one_step_" + ("eager" if eager else "graphs")
-    t0 = time.perf_counter()
-    loop.run_until_complete(engine.start())
+    engine, start_s = _start(loop, enforce_eager=eager, one_step_reads=True)
     try:
-        start_s = time.perf_counter() - t0
-        assert engine.read_path == "dgstream", engine.read_path
         one = Classifier(engine, chat, ClassifierSettings(seed=0))
         two = Classifier(engine.sibling(two_step=True), chat, ClassifierSettings(seed=0))
         classify(loop, one, requests[:BATCH])  # warm-up

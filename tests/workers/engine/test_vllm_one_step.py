@@ -5,15 +5,14 @@ gpu tier's (`test_vllm_gpu.py::test_one_step_reads_answer_as_two_steps`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from support.vllm_model import write_model_dir
 
-from workers.engine.models import DIFFUSION_GENERATION
 from workers.engine.vllm_backend import TWO_STEP_KEY, VllmSettings, build_sampling_params
 from workers.engine.vllm_reads.plan import fused_indices, fused_ranges
 
@@ -89,17 +88,7 @@ def test_requests_that_are_not_seeded_single_step_reads_take_two_steps(
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("diffusiongemma")
-    config = {
-        "architectures": ["DiffusionGemmaForBlockDiffusion"],
-        "model_type": "diffusion_gemma",
-        "canvas_length": 256,
-        "torch_dtype": "bfloat16",
-        "text_config": {"model_type": "diffusion_gemma_text", "vocab_size": 1000},
-    }
-    (d / "config.json").write_text(json.dumps(config))
-    (d / "generation_config.json").write_text(json.dumps(DIFFUSION_GENERATION))
-    return d
+    return write_model_dir(tmp_path_factory.mktemp("diffusiongemma"), 1000)
 
 
 def _vllm_config(model_dir: Path, *, budget: int = BUDGET) -> Any:

@@ -264,25 +264,32 @@ def test_staged_admission_leaves_the_state_vllm_leaves(cpu_vllm: Any) -> None:
     assert 0 not in ours.seeded_slots and 0 not in ours.read_only_slots
 
 
-@pytest.mark.vllm
-def test_batched_self_conditioning_is_vllms_per_request_loop(cpu_vllm: Any) -> None:
-    """One call over every denoising row against vLLM's call per request: the same rows,
-    for fresh single-step reads (zero soft embeddings: the MLP's norm alone) and for reads
-    with soft embeddings of an earlier step."""
+def _sc_state(dg: Any, seed: int) -> tuple[Any, Any]:
+    """The read path's model state over vLLM's request states and a self-conditioning
+    block of random weights (hidden 8, canvas 16): only what self-conditioning reads."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
     from workers.engine.vllm_reads.model import DgModelState
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        sc = cpu_vllm.DiffusionGemmaSelfConditioning(8, 16)
-    torch.manual_seed(0)
+        sc = dg.DiffusionGemmaSelfConditioning(8, 16)
+    torch.manual_seed(seed)
     for p in sc.parameters():
         p.data.normal_()
     state = object.__new__(DgModelState)
-    states = _states(cpu_vllm)
+    states = _states(dg)
     state.diffusion_states = states
     state.read_path = True
     vars(state)["model"] = type("M", (), {"self_conditioning": sc})()
+    return state, states
+
+
+@pytest.mark.vllm
+def test_batched_self_conditioning_is_vllms_per_request_loop(cpu_vllm: Any) -> None:
+    """One call over every denoising row against vLLM's call per request: the same rows,
+    for fresh single-step reads (zero soft embeddings: the MLP's norm alone) and for reads
+    with soft embeddings of an earlier step."""
+    state, states = _sc_state(cpu_vllm, seed=0)
     qsl = np.array([0, 16, 40, 56, 64])  # request 1 reads its prompt (24 tokens)
     slots = np.array([4, 1, 2])
     idx = np.array([0, 2, 3])
@@ -312,20 +319,7 @@ def test_one_step_reads_self_condition_only_their_canvas(cpu_vllm: Any) -> None:
     """A one-step read's span holds its prompt, then its canvas: self-conditioning (the
     batched call) touches only the canvas rows, and gives them what vLLM's per-request
     call gives a canvas step of the same rows."""
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-
-    from workers.engine.vllm_reads.model import DgModelState
-
-    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        sc = cpu_vllm.DiffusionGemmaSelfConditioning(8, 16)
-    torch.manual_seed(1)
-    for p in sc.parameters():
-        p.data.normal_()
-    state = object.__new__(DgModelState)
-    states = _states(cpu_vllm)
-    state.diffusion_states = states
-    state.read_path = True
-    vars(state)["model"] = type("M", (), {"self_conditioning": sc})()
+    state, states = _sc_state(cpu_vllm, seed=1)
     # Request 0: a canvas step (16 rows); request 1: a one-step read, 20 prompt tokens then
     # a 12-position canvas; request 2: a prompt only; request 3: a one-step read, 5 + 16.
     qsl = np.array([0, 16, 48, 60, 81])
