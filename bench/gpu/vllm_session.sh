@@ -48,7 +48,7 @@ case "${1:-}" in
   tests)
     # Nine tests and six demo-model engine starts (three of them capturing CUDA graphs)
     # and a `vllm serve`: 413 s for the seven before the one-step tests (2026-12-05, an
-    # H100), 190 s for one one-step test with its start (an H200). All nine pass 600 s, a
+    # H100), 143 s for one one-step test with its start (an H200). All nine pass 600 s, a
     # device call's limit: run them as two calls, PYTEST_K="not one_step", then
     # PYTEST_K="one_step" (PYTEST_K: the tests pytest's -k selects).
     DGSTREAM_GPU_OUT=$out timeout -k 10 "${RUN_TIMEOUT:-580}" python3 -m pytest tests/workers/engine/test_vllm_gpu.py -m gpu -v -rs \
