@@ -213,12 +213,12 @@ class DgModelState(dg.DiffusionGemmaModelState):
 
     def _reads_only(self, input_batch: Any) -> bool:
         """Whether every request that denoises this step is a single-step read (a step
-        with none, prompts only, skips its logits)."""
+        with none, prompts only, skips its logits). Reads `_logit_rows`, which
+        `prepare_inputs` set for this step."""
         if input_batch.num_draft_tokens == 0:
             return True
         n = input_batch.num_reqs
-        rows = np.diff(input_batch.cu_num_logits_np[: n + 1])
-        slots = input_batch.idx_mapping_np[:n][rows > 0].tolist()
+        slots = input_batch.idx_mapping_np[:n][self._logit_rows > 0].tolist()
         return all(s in self.read_slots or s in self.warmup_slots for s in slots)
 
     def _apply_self_conditioning(

@@ -112,6 +112,17 @@ def spans(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int] | np.ndarray:
     )
 
 
+def reports_raw_logits(params: Any) -> bool:
+    """Whether a request's logprobs are read from its logits untouched: no top-k or
+    top-p filter, no top-k logprobs. A read needs it on both sides: the read sampler,
+    which serves only such reads, and the one-step scheduler, which fuses only them."""
+    return (
+        (getattr(params, "top_k", 0) or 0) <= 0
+        and getattr(params, "top_p", 1.0) >= 1.0
+        and (getattr(params, "logprobs", None) or 0) <= 0
+    )
+
+
 def fused_indices(is_prefilling: np.ndarray, cu_num_logits: np.ndarray) -> np.ndarray:
     """Batch indices of one-step reads (`scheduler.DgOneStepScheduler`): requests still
     reading their prompt that also have canvas rows this step."""
@@ -155,5 +166,6 @@ __all__ = [
     "fused_ranges",
     "fused_requests",
     "plan_step",
+    "reports_raw_logits",
     "spans",
 ]

@@ -29,7 +29,12 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
 from workers.engine.vllm_reads.options import vocab_tile_rows
-from workers.engine.vllm_reads.plan import StepPlan, fused_requests, plan_step
+from workers.engine.vllm_reads.plan import (
+    StepPlan,
+    fused_requests,
+    plan_step,
+    reports_raw_logits,
+)
 from workers.engine.vllm_reads.rows import (
     RowReads,
     concat_rows,
@@ -128,17 +133,7 @@ class DgReadSampler:
 
     @staticmethod
     def _is_read(params: Any, steps: int | None, read_only: bool, pins: Any) -> bool:
-        top_k = getattr(params, "top_k", 0) or 0
-        top_p = getattr(params, "top_p", 1.0)
-        topk_logprobs = getattr(params, "logprobs", None) or 0
-        return (
-            read_only
-            and steps == 1
-            and not pins
-            and top_k <= 0
-            and top_p >= 1.0
-            and topk_logprobs <= 0
-        )
+        return read_only and steps == 1 and not pins and reports_raw_logits(params)
 
     def apply_staged_writes(self) -> None:
         self.stock.sampling_states.apply_staged_writes()

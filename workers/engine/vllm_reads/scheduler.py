@@ -27,6 +27,8 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler
 
+from workers.engine.vllm_reads.plan import reports_raw_logits
+
 # Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process.
 logger = init_logger("vllm.dgstream_reads.scheduler")
 # The fused-read counts that are logged (the first proves the path runs; then a heartbeat).
@@ -59,9 +61,7 @@ def one_step_width(params: Any) -> int | None:
     width = extra.get("diffusion_canvas_length")
     if not seed or not width or len(seed) != int(width):
         return None
-    if (getattr(params, "top_k", 0) or 0) > 0 or getattr(params, "top_p", 1.0) < 1.0:
-        return None
-    if (getattr(params, "logprobs", None) or 0) > 0:
+    if not reports_raw_logits(params):
         return None
     return int(width)
 
