@@ -189,7 +189,8 @@ def main() -> int:
     ap.add_argument(
         "--section",
         default="card24-scheduling",
-        help="with --render-scheduling: the session's section (support.card_rows.SESSIONS)",
+        help="with --render-scheduling or --render-steps: the session's section "
+        "(support.card_rows.SESSIONS, STEP_SESSIONS)",
     )
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
@@ -246,12 +247,13 @@ def main() -> int:
         print(md)
         return 0
     if args.render_steps:
-        from support.card_rows import render_steps
+        from support.card_rows import STEP_SESSIONS, render_steps
 
         from bench.report import write_section
 
-        md = render_steps(Path(args.render_steps), args.date)
-        write_section("card24-one-step", md)
+        section = args.section if args.section in STEP_SESSIONS else "card24-one-step"
+        md = render_steps(Path(args.render_steps), args.date, section)
+        write_section(section, md)
         print(md)
         return 0
     if args.render_vllm:

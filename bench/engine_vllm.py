@@ -272,7 +272,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         seqs_used = engine._engine.vllm_config.scheduler_config.max_num_seqs
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab, peak)
-        if args.one_step_reads:
+        one_step = settings.one_step_resolved(engine.read_path)[0]
+        if one_step:
             for row in rows:
                 row["steps"] = 1
         if args.beside_two_step:
@@ -292,6 +293,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine": "vllm",
         "read_path": engine.read_path,
         "one_step_reads": settings.one_step_reads,
+        "one_step": one_step,
         "quant": args.quant,
         "gpu": peak.name,
         "gpu_total_gib": total_gib,

@@ -378,3 +378,13 @@ def test_the_one_step_section_sets_each_row_beside_its_two_steps(tmp_path: Path)
     deep = [c.strip() for c in table[1].strip("|").split("|")]
     assert deep[3] == "150.0 (20.0 / 40; 50%)"
     assert "--render-steps docs/data/card24/one_step/card_one_step.json --date 2026-12-05" in md
+    # A later session's run renders into a section of its own, with its own command.
+    fix = card_rows.render_steps(path, "2026-12-06", "card24-one-step-fix")
+    assert fix.splitlines()[0].endswith("(2026-12-06)")
+    assert "card one_step_fix --in-flight 1,2,4 --one-step-reads --beside-two-step" in fix
+    assert (
+        "--section card24-one-step-fix --render-steps "
+        "docs/data/card24/one_step/card_one_step_fix.json --date 2026-12-06" in fix
+    )
+    with pytest.raises(KeyError):
+        card_rows.render_steps(path, "2026-12-06", "card24-no-such-session")

@@ -398,22 +398,38 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
 
 # --- docs/benchmarks.md: one-step reads against two steps, one engine ------------------------
 
-STEPS_COMMAND = (
-    "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
-    "# on the GPU machine, one device session:\n"
-    'PYTEST_K="one_step and graphs" bash bench/gpu/vllm_session.sh tests   # the answers\n'
-    "BATCHES=1,256 bash bench/gpu/vllm_session.sh card one_step --in-flight 1,4 "
-    "--one-step-reads --beside-two-step\n"
-    "# here: this section\n"
-    "python bench/engine_gpu.py --render-steps docs/data/card24/one_step/card_one_step.json "
-    "--date DATE"
-)
+
+def _steps_command(name: str, in_flight: str, tests: str) -> str:
+    return (
+        "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        f'PYTEST_K="{tests}" bash bench/gpu/vllm_session.sh tests   # the answers\n'
+        f"BATCHES=1,256 bash bench/gpu/vllm_session.sh card {name} --in-flight {in_flight} "
+        "--one-step-reads --beside-two-step\n"
+        "# here: this section\n"
+        f"python bench/engine_gpu.py --section {{section}} --render-steps "
+        f"docs/data/card24/one_step/card_{name}.json --date DATE"
+    )
 
 
-def render_steps(path: Path, date: str = "") -> str:
+# The device sessions rendered by `render_steps`, as `SESSIONS` for `render_scheduling`:
+# the section's name -> the commands that reproduce it. One section per session, so that
+# the measurement of a fix stands beside the run it fixes instead of replacing it.
+STEP_SESSIONS: dict[str, str] = {
+    # The first run: one batch and four in flight (2026-12-05).
+    "card24-one-step": _steps_command("one_step", "1,4", "one_step and graphs"),
+    # The attention kernel's variant with ranges compiled at warmup (the ranges on every
+    # step), measured at the depths the worker and the stalled rows ran at.
+    "card24-one-step-fix": _steps_command("one_step_fix", "1,2,4", "one_step"),
+}
+
+
+def render_steps(path: Path, date: str = "", section: str = "card24-one-step") -> str:
     """One engine start with one-step reads (`--one-step-reads --beside-two-step`): each
     row's one-step figures beside the same engine's reads opting out (vLLM's two steps,
-    other reads of the same shapes), and the ratio. The batch-1 p50s are figures."""
+    other reads of the same shapes), and the ratio. The batch-1 p50s are figures.
+    `section` names the session (`STEP_SESSIONS`)."""
+    command = STEP_SESSIONS[section].replace("{section}", section)
     run = json.loads(path.read_text())
     info = run["info"]
     keyed: dict[int, dict[tuple[int, str, int], dict[str, Any]]] = {1: {}, 2: {}}
@@ -466,7 +482,7 @@ def render_steps(path: Path, date: str = "") -> str:
         "Reproduce:",
         "",
         "```",
-        STEPS_COMMAND.replace("DATE", date or "DATE"),
+        command.replace("DATE", date or "DATE"),
         "```",
     ]
     return "\n".join(lines)

@@ -192,14 +192,17 @@ class VllmSettings(BaseModel):
     # vLLM's warmup); see `workers.engine.vllm_reads.options.ReadPathOptions`.
     logits_tile_mib: int = Field(default=256, ge=16, le=16_384)
     # One-step reads: a read's canvas runs in the step that finishes its prompt, one
-    # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). Needs
-    # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN and a
-    # cudagraph_mode other than FULL. On an H200 as the 24 GB card (2026-12-05), one read
-    # took 22.9 ms p50 on a unique prompt against 31.3 in two steps on the same engine,
-    # batch 256 read the same, and the demo model answered as in two steps; with four
-    # batches in flight it stalled on attention kernels compiled while serving. Off by
-    # default until the fix for that (the kernel compiled at warmup) is measured.
-    one_step_reads: bool = False
+    # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). They need
+    # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN, a
+    # cudagraph_mode other than FULL and tensor_parallel_size 1: true refuses settings
+    # without them, by name; "auto" takes one step where they hold and two where not, and
+    # the engine's start log says which and why (`one_step_resolved`). On an H200 as the
+    # 24 GB card (2026-12-05), one read took 22.9 ms p50 on a unique prompt against 31.3
+    # in two steps on the same engine, batch 256 read the same, and the demo model
+    # answered as in two steps; with four batches in flight it stalled on attention
+    # kernels compiled while serving. Off by default until the fix for that (the kernel
+    # compiled at warmup) is measured; "auto" is the default it would become.
+    one_step_reads: bool | Literal["auto"] = False
 
     @model_validator(mode="after")
     def _seqs_fit_the_path(self) -> VllmSettings:
@@ -212,20 +215,42 @@ class VllmSettings(BaseModel):
 
     @model_validator(mode="after")
     def _one_step_fits(self) -> VllmSettings:
-        if not self.one_step_reads:
+        if self.one_step_reads is not True:
             return self
+        clashes = self.one_step_clashes()
+        if clashes:
+            raise ValueError("one_step_reads: cannot run with " + "; ".join(clashes))
+        return self
+
+    def one_step_clashes(self, read_path: str | None = None) -> list[str]:
+        """The settings that keep one-step reads off an engine on `read_path` (default:
+        the settings' own), each named with what it would need."""
+        path = read_path or self.read_path
         clashes = []
-        if self.read_path != "dgstream":
-            clashes.append(f"read_path {self.read_path!r} (needs 'dgstream')")
+        if path != "dgstream":
+            clashes.append(f"read_path {path!r} (needs 'dgstream')")
         if self.async_scheduling is not True:
             clashes.append(f"async_scheduling {self.async_scheduling} (needs true)")
         if self.attention_backend != "TRITON_ATTN":
             clashes.append(f"attention_backend {self.attention_backend!r} (needs TRITON_ATTN)")
         if self.cudagraph_mode == "FULL":
             clashes.append("cudagraph_mode 'FULL' (its graphs would not see the canvas mask)")
+        if self.tensor_parallel_size != 1:
+            clashes.append(
+                f"tensor_parallel_size {self.tensor_parallel_size} (the read path serves one GPU)"
+            )
+        return clashes
+
+    def one_step_resolved(self, read_path: str | None = None) -> tuple[bool, str]:
+        """(whether an engine on `read_path` takes reads in one step, why)."""
+        if self.one_step_reads is False:
+            return False, "one_step_reads is false"
+        clashes = self.one_step_clashes(read_path)
         if clashes:
-            raise ValueError("one_step_reads: cannot run with " + "; ".join(clashes))
-        return self
+            # Only "auto" gets here with clashes on the settings' own path; true can get
+            # here when the engine falls back to the stock path (no plugin).
+            return False, f"one_step_reads {self.one_step_reads}, but " + "; ".join(clashes)
+        return True, f"one_step_reads {self.one_step_reads}"
 
     def reads_in_flight(self, read_path: str | None = None) -> int:
         """max_num_seqs as resolved for a read path (the settings' own by default)."""
@@ -438,7 +463,7 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         enabled=path == "dgstream",
         logits_tile_mib=settings.logits_tile_mib,
         max_num_seqs=seqs,
-        one_step=settings.one_step_reads and path == "dgstream",
+        one_step=settings.one_step_resolved(path)[0],
     )
     args: dict[str, Any] = {
         "model": settings.model,
@@ -784,6 +809,10 @@ class VllmEngine:
         self.read_path = path
         (log.info if path == self.settings.read_path else log.warning)(
             "vLLM reads: %s (%s)", path, why
+        )
+        one_step, one_step_why = self.settings.one_step_resolved(path)
+        (log.info if one_step or self.settings.one_step_reads is not True else log.warning)(
+            "vLLM reads in %s (%s)", "one step" if one_step else "two steps", one_step_why
         )
         return kwargs
 

@@ -264,6 +264,7 @@ def test_a_prompt_longer_than_the_budget_takes_two_steps(model_dir: Path) -> Non
         ({"async_scheduling": None}, "async_scheduling None"),
         ({"attention_backend": "FLASH_ATTN"}, "attention_backend 'FLASH_ATTN'"),
         ({"cudagraph_mode": "FULL"}, "cudagraph_mode 'FULL'"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size 2"),
     ],
 )
 def test_one_step_reads_refuse_settings_they_cannot_run_with(
@@ -273,6 +274,40 @@ def test_one_step_reads_refuse_settings_they_cannot_run_with(
         VllmSettings(one_step_reads=True, **over)
     assert named in str(err.value)
     VllmSettings(one_step_reads=False, **over)  # each is fine without one-step reads
+    # "auto" takes these settings, and reads in two steps under them, saying why.
+    auto = VllmSettings(one_step_reads="auto", **over)
+    on, why = auto.one_step_resolved()
+    assert on is False
+    assert named in why
+
+
+@pytest.mark.parametrize(
+    ("one_step_reads", "read_path", "on"),
+    [
+        ("auto", None, True),
+        (True, None, True),
+        (False, None, False),
+        ("auto", "stock", False),  # the engine fell back to vLLM's own path (no plugin)
+        (True, "stock", False),
+    ],
+)
+def test_what_the_engine_hands_vllm_follows_the_resolved_setting(
+    one_step_reads: bool | str, read_path: str | None, on: bool
+) -> None:
+    from workers.engine.vllm_backend import engine_args
+    from workers.engine.vllm_reads.options import ReadPathOptions
+
+    settings = VllmSettings(one_step_reads=one_step_reads, max_num_seqs=64)
+    assert settings.one_step_resolved(read_path)[0] is on
+    args = engine_args(settings, read_path)
+    options = ReadPathOptions.from_additional_config(args["additional_config"])
+    assert options.one_step is on
+
+
+@pytest.mark.parametrize("value", ["automatic", "yes please", 2, None])
+def test_one_step_reads_takes_only_true_false_or_auto(value: Any) -> None:
+    with pytest.raises(ValueError, match="one_step_reads"):
+        VllmSettings(one_step_reads=value)
 
 
 def test_the_config_hook_installs_the_scheduler_only_where_it_can_run(model_dir: Path) -> None:
@@ -387,3 +422,21 @@ def test_one_step_reads_refuse_an_attention_backend_without_ranges(
         state.prepare_attn(
             _attn_batch([True], [WIDTH], [9]), CUDAGraphMode.NONE, None, None, None, None
         )
+
+
+def test_the_engine_says_at_start_how_many_steps_its_reads_take(
+    model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from workers.engine.vllm_backend import VllmEngine
+
+    def said(**over: Any) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="workers.engine.vllm_backend"):
+            VllmEngine(VllmSettings(model=str(model_dir), **over))._engine_kwargs()
+        return [r.getMessage() for r in caplog.records if "reads in" in r.getMessage()]
+
+    assert said(one_step_reads="auto") == ["vLLM reads in one step (one_step_reads auto)"]
+    assert said(one_step_reads="auto", async_scheduling=False) == [
+        "vLLM reads in two steps (one_step_reads auto, but async_scheduling False (needs true))"
+    ]
+    assert said() == ["vLLM reads in two steps (one_step_reads is false)"]
