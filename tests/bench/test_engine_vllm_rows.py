@@ -94,7 +94,7 @@ def test_the_reads_are_made_before_the_clock_starts(monkeypatch: pytest.MonkeyPa
     assert made_while_reading and set(made_while_reading) == {0}
 
 
-def card_run(tmp: Path, name: str, asynchronous: bool, rate: float, **settings: str | None) -> Path:
+def card_run(tmp: Path, name: str, asynchronous: bool, rate: float, **settings: Any) -> Path:
     rows = [
         {
             "variant": f"vllm/{kind}",
@@ -277,6 +277,31 @@ def test_a_session_section_names_the_read_path_and_holds_each_probe_against_the_
     assert "vLLM's own read path, async, canvas 64: 0 of 2 slots answer otherwise" in agree
     assert "FULL graphs: 1 of 2 slots answer otherwise, probabilities at most 0.4000" in agree
     assert "--date 2026-12-05" in md and "DATE" not in md
+
+
+@pytest.mark.unit
+def test_a_one_step_run_is_a_column_of_its_one_step_rows_not_the_defaults(
+    tmp_path: Path,
+) -> None:
+    """The session that decides the default sets the defaults beside a one-step run that
+    also holds its own two-step rows (`--beside-two-step`): its column is its one-step
+    rows, and only the defaults' column carries the figures."""
+    defaults = card_run(tmp_path, "osd_defaults", True, 1.0)
+    one = card_run(tmp_path, "one_step_fix", True, 1.5, one_step_reads=True)
+    body = json.loads(one.read_text())
+    twos = [{**r, "steps": 2, "reads_per_s": r["reads_per_s"] / 7} for r in body["rows"]]
+    body["rows"] = [{**r, "steps": 1} for r in body["rows"]] + twos
+    one.write_text(json.dumps(body))
+    md = card_rows.render_scheduling([defaults, one], "2026-12-06", "card24-one-step-default")
+    header = next(line for line in md.splitlines() if line.startswith("| batch"))
+    assert "async, canvas 64, one-step reads / async, canvas 64" in header
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3].startswith("<!-- figure: defaults_shared_b256_x2 -->1024.0")
+    assert cells[4] == "1536.0 (30 / 40; 50%)"
+    assert cells[5] == "1.50x"
+    assert "card one_step_fix --in-flight 1,2,4 --one-step-reads --beside-two-step" in md
+    assert "card_osd_defaults.json docs/data/card24/one_step/card_one_step_fix.json" in md
 
 
 @pytest.mark.unit

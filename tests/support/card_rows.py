@@ -248,6 +248,8 @@ def run_label(info: dict[str, Any]) -> str:
         label += ", " + "/".join(sorted(kernels)) + " kernels"
     if s.get("cudagraph_mode"):
         label += f", {s['cudagraph_mode']} graphs"
+    if s.get("one_step_reads"):
+        label += ", one-step reads"
     share = s.get("gpu_memory_utilization")
     if share is not None and share != DEFAULT_UTILIZATION:
         label += f", gpu_memory_utilization {share}"
@@ -277,6 +279,23 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "docs/data/card24/sbs/card_sbs_defaults.json docs/data/card24/sbs/card_sbs_full.json "
         "docs/data/card24/sbs/card_sbs_stock.json --date DATE",
     ),
+    # Whether one-step reads become the default: the defaults against one-step reads (the
+    # stall fix in), each its own engine start, at the depths the worker keeps (2) and
+    # where the first one-step run stalled (4). The one-step run's own two-step rows go to
+    # `render_steps` (section card24-one-step-fix).
+    "card24-one-step-default": (
+        "Whether one-step reads become the default: two engine starts on the emulated card",
+        "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        'PYTEST_K="one_step" bash bench/gpu/vllm_session.sh tests   # the answers\n'
+        "BATCHES=1,256 bash bench/gpu/vllm_session.sh card one_step_fix --in-flight 1,2,4 "
+        "--one-step-reads --beside-two-step\n"
+        "BATCHES=1,256 bash bench/gpu/vllm_session.sh card osd_defaults --in-flight 1,2,4\n"
+        "# here: this section (the defaults' run is the baseline of the ratios)\n"
+        "python bench/engine_gpu.py --section card24-one-step-default --render-scheduling "
+        "docs/data/card24/one_step/card_osd_defaults.json "
+        "docs/data/card24/one_step/card_one_step_fix.json --date DATE",
+    ),
 }
 
 
@@ -287,8 +306,15 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
     against the first's. `section` names the session (`SESSIONS`)."""
     title, command = SESSIONS[section]
     runs = [json.loads(p.read_text()) for p in paths]
+    # A run with one-step reads beside two (`--beside-two-step`) also holds its two-step
+    # rows: its column is its own reads' (`render_steps` sets the two side by side).
     keyed = [
-        {(r["batch"], r["variant"], r.get("in_flight", 1)): r for r in b["rows"]} for b in runs
+        {
+            (r["batch"], r["variant"], r.get("in_flight", 1)): r
+            for r in b["rows"]
+            if r.get("steps", 1) == 1
+        }
+        for b in runs
     ]
     keys = sorted(
         {k for rows in keyed for k in rows}, key=lambda k: (k[0], k[1] != "vllm/unique", k[2])
@@ -324,6 +350,7 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
             and b["info"]["settings"].get("read_path", "dgstream") == "dgstream"
             and b["info"]["settings"].get("gpu_memory_utilization", DEFAULT_UTILIZATION)
             == DEFAULT_UTILIZATION
+            and not b["info"]["settings"].get("one_step_reads")
         ),
         None,
     )
