@@ -513,3 +513,23 @@ def test_every_read_ends_once_under_kv_pressure_with_two_steps_in_flight(model_d
         fused, preempted = fused + f, preempted + p
     assert fused > 100
     assert preempted > 0
+
+
+@pytest.mark.parametrize(("reqs", "tokens"), [(1, 1), (1, 272), (16, 272), (37, 4096)])
+def test_vllms_warmup_batches_get_the_ranges(
+    monkeypatch: pytest.MonkeyPatch, reqs: int, tokens: int
+) -> None:
+    """vLLM's own dummy batches (its memory profile, kernel warmup and piecewise graph
+    captures) go through `prepare_attn` too: each gets the zero ranges, one per request,
+    so the attention kernel's variant with ranges is compiled before serving."""
+    import torch
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    state = _attn_state(monkeypatch, {"l0": _Metadata()})
+    buffers = InputBuffers(max_num_reqs=64, max_num_tokens=4096, device=torch.device("cpu"))
+    dummy = InputBatch.make_dummy(reqs, tokens, buffers)
+    out = state.prepare_attn(dummy, CUDAGraphMode.NONE, None, None, None, None)
+    ranges = out["l0"].mm_prefix_range_tensor
+    assert ranges.shape == (reqs, 1, 2) and ranges.dtype == torch.int32
+    assert not ranges.any()
