@@ -85,3 +85,52 @@ def test_samples_a_spawned_child_only_while_the_row_is_on(tmp_path: Path) -> Non
     assert len(blocks) == 1
     first_self = blocks[0].split("self (innermost line):\n")[1].splitlines()[0]
     assert "child.py:spin_in_the_child" in first_self
+
+
+SHORT_PYTHON = """
+import sys, time
+from pathlib import Path
+sys.setswitchinterval(0.005)  # Python's default, whatever the interpreter was started with
+import dgstacks
+out = Path(sys.argv[1])
+dgstacks.start(str(out))
+
+def pure_python():  # 2 ms that never let the GIL go: under the default switch interval
+    end = time.perf_counter() + 0.002
+    while time.perf_counter() < end:
+        pass
+
+def releases():  # a call that lets the GIL go at once
+    time.sleep(0.0005)
+
+(out / "row").write_text("loop")
+end = time.perf_counter() + 1.5
+while time.perf_counter() < end:
+    pure_python()
+    releases()
+(out / "row").unlink()
+"""
+
+
+@pytest.mark.unit
+def test_pure_python_shorter_than_the_switch_interval_is_seen(tmp_path: Path) -> None:
+    """Python work that never releases the GIL, 2 ms at a time, between calls that do:
+    a sampler waiting for the GIL under Python's 5 ms switch interval sees only the calls
+    (every sample lands where the loop lets the GIL go). The sampler sets its own
+    interval, so the Python work (80% of the loop) draws its share of the samples."""
+    out = tmp_path / "stacks"
+    out.mkdir()
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_PYTHON)
+    env = {**os.environ, "PYTHONPATH": str(CARD)}
+    env.pop("DGSTREAM_STACKS", None)
+    run = subprocess.run(
+        [sys.executable, str(script), str(out)], env=env, capture_output=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr.decode()
+    (path,) = out.glob("stacks-*.json")
+    main = json.loads(path.read_text())["loop"]["MainThread"]
+    total = sum(main.values())
+    python = sum(n for s, n in main.items() if ":pure_python:" in s.split(";")[-1])
+    assert total >= 50
+    assert python / total > 0.3, python / total

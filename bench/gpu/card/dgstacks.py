@@ -10,6 +10,15 @@ Sampling is on only while the file `<DGSTREAM_STACKS>/row` exists; its text labe
 samples (the benchmark writes the row's name there around its timed loop). Each process
 rewrites `stacks-<pid>.json` every 2 s: {label: {thread: {collapsed stack: samples}}}.
 
+An in-process sampler needs the GIL to read the frames, so a thread is seen where it lets
+the GIL go. Left at that, the samples pile up on the calls that release it (a torch op, a
+copy, a sleep) and miss pure-Python work (a scheduler) that runs up to the switch
+interval (5 ms) before yielding: on the CPU (`bench/stacks_bias.py`), a call taking 5% of
+a loop drew every sample. So the sampler takes the frames at once on waking, wakes at
+jittered times (a fixed period locks onto the sampled loop's release points), and sets
+the process's switch interval to `SWITCH_S`, after which a Python thread yields the GIL
+at its next bytecode.
+
     python bench/gpu/card/dgstacks.py DIR [--top N]   # the report: per row and thread, the
                                                      # lines most often on top, and the
                                                      # functions most often on the stack
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -27,8 +37,14 @@ from pathlib import Path
 from types import FrameType
 
 # 5 ms: about 100 samples per batch of the rows profiled (0.3-1 s each), and one GIL hand-off
-# per tick costs the sampled threads little (a stat and a dict walk).
+# per tick costs the sampled threads little (a stat and a dict walk). The mean: each wait
+# is drawn from 0.5-1.5 of it.
 INTERVAL_S = 0.005
+# The switch interval while sampling (Python's default is 5 ms): the bias measured on the
+# CPU with bench/stacks_bias.py (docs/benchmarks.md, "The host sampler") fell the most from
+# the default to 0.1 ms and little below; a thread holding the GIL without contention
+# never checks it, so only the sampler's ticks pay.
+SWITCH_S = 0.0001
 DEPTH = 40  # frames kept per stack, innermost first: enough to reach vLLM's busy loop
 
 
@@ -41,7 +57,12 @@ def _collapse(frame: FrameType | None) -> str:
     return ";".join(reversed(names))
 
 
-def start(directory: str) -> None:
+def start(directory: str, *, switch_s: float | None = SWITCH_S, jitter: bool = True) -> None:
+    """Sample every thread of this process into `directory` while its row flag exists.
+    `switch_s` None leaves Python's switch interval, and `jitter` False wakes every
+    INTERVAL_S: the sampler as it was before 2026-12-05 (night), for comparison only."""
+    if switch_s is not None:
+        sys.setswitchinterval(switch_s)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     flag = out / "row"
@@ -65,22 +86,27 @@ def start(directory: str) -> None:
     def loop() -> None:
         me = threading.get_ident()  # the sampler leaves itself out
         last = time.monotonic()
+        label = read_label()
         while True:
-            time.sleep(INTERVAL_S)
-            label = read_label()
-            if label:
+            time.sleep(INTERVAL_S * (0.5 + random.random()) if jitter else INTERVAL_S)
+            # The frames first, walked at once: any other call here (the flag's read is
+            # file I/O) lets the GIL go and waits for it again, and the sampled threads
+            # run on to their next release point in between; the frames are live objects,
+            # so they are read before that too.
+            taken = (
+                [(i, _collapse(f)) for i, f in sys._current_frames().items() if i != me]
+                if label
+                else []
+            )
+            now = read_label()
+            # Counted only if the row held the same label before the wait and after the
+            # frames (a loaded host preempts this thread anywhere), so no work before or
+            # after the row is ever counted.
+            if label and now == label:
                 names = {t.ident: t.name for t in threading.enumerate()}
-                taken = [
-                    (names.get(ident, str(ident)), _collapse(frame))
-                    for ident, frame in sys._current_frames().items()
-                    if ident != me
-                ]
-                # The row may end between reading the flag and taking the frames (a loaded
-                # host preempts this thread there): a sample counts only if the flag still
-                # holds the same label after it, so no work after the row is ever counted.
-                if read_label() == label:
-                    for thread, stack in taken:
-                        samples[label][thread][stack] += 1
+                for ident, stack in taken:
+                    samples[label][names.get(ident, str(ident))][stack] += 1
+            label = now
             if time.monotonic() - last > 2:
                 last = time.monotonic()
                 try:
