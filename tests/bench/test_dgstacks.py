@@ -134,3 +134,24 @@ def test_pure_python_shorter_than_the_switch_interval_is_seen(tmp_path: Path) ->
     python = sum(n for s, n in main.items() if ":pure_python:" in s.split(";")[-1])
     assert total >= 50
     assert python / total > 0.3, python / total
+
+
+@pytest.mark.unit
+def test_the_bias_bench_sets_each_phase_beside_its_truth() -> None:
+    """bench/stacks_bias.py from a clean checkout: a short run of one sampler setting
+    gives shares of the loop that each add up to 100, and its section names each row."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench import stacks_bias
+    finally:
+        sys.path.remove(str(ROOT))
+    truth, sampled = stacks_bias.measure(0.5, "0.0001", "jitter")
+    assert set(truth) == set(stacks_bias.PHASES)
+    assert abs(sum(truth.values()) - 100) < 1e-6
+    assert all(v > 0 for v in truth.values())
+    assert sampled["samples"] >= 20
+    assert abs(sum(sampled[p] for p in (*stacks_bias.PHASES, "other")) - 100) < 1e-6
+    rows = [(name, truth, sampled) for name, _, _ in stacks_bias.SETTINGS]
+    md = stacks_bias.render(rows, 0.5)
+    table = [line for line in md.splitlines() if line.startswith("| ") and "sampler" not in line]
+    assert [line.split(" | ")[0][2:] for line in table] == [n for n, _, _ in stacks_bias.SETTINGS]
