@@ -138,20 +138,17 @@ def test_pure_python_shorter_than_the_switch_interval_is_seen(tmp_path: Path) ->
 
 @pytest.mark.unit
 def test_the_bias_bench_sets_each_phase_beside_its_truth() -> None:
-    """bench/stacks_bias.py from a clean checkout: a short run of one sampler setting
+    """bench/sampler_bias.py's loop from a clean checkout: a short run of one sampler setting
     gives shares of the loop that each add up to 100, and its section names each row."""
-    sys.path.insert(0, str(ROOT))
-    try:
-        from bench import stacks_bias
-    finally:
-        sys.path.remove(str(ROOT))
-    truth, sampled = stacks_bias.measure(0.5, "0.0001", "jitter")
-    assert set(truth) == set(stacks_bias.PHASES)
+    from support import sampler_bias
+
+    truth, sampled = sampler_bias.measure(0.5, "0.0001", "jitter")
+    assert set(truth) == set(sampler_bias.PHASES)
     assert abs(sum(truth.values()) - 100) < 1e-6
     assert all(v > 0 for v in truth.values())
     assert sampled["samples"] >= 20
-    assert abs(sum(sampled[p] for p in (*stacks_bias.PHASES, "other")) - 100) < 1e-6
-    rows = [(name, truth, sampled) for name, _, _ in stacks_bias.SETTINGS]
-    md = stacks_bias.render(rows, 0.5)
+    assert abs(sum(sampled[p] for p in (*sampler_bias.PHASES, "other")) - 100) < 1e-6
+    rows = [(name, truth, sampled) for name, _, _ in sampler_bias.SETTINGS]
+    md = sampler_bias.render(rows, 0.5)
     table = [line for line in md.splitlines() if line.startswith("| ") and "sampler" not in line]
-    assert [line.split(" | ")[0][2:] for line in table] == [n for n, _, _ in stacks_bias.SETTINGS]
+    assert [line.split(" | ")[0][2:] for line in table] == [n for n, _, _ in sampler_bias.SETTINGS]
