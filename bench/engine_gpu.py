@@ -188,9 +188,10 @@ def main() -> int:
     ap.add_argument("--date", default="", help="the device session's date, for a section")
     ap.add_argument(
         "--section",
-        default="card24-scheduling",
-        help="with --render-scheduling or --render-steps: the session's section "
-        "(support.card_rows.SESSIONS, STEP_SESSIONS)",
+        default=None,
+        help="with --render-scheduling (default card24-scheduling) or --render-steps "
+        "(default card24-one-step): the session's section (support.card_rows.SESSIONS, "
+        "STEP_SESSIONS)",
     )
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
     ap.add_argument("--batches", default="1,8,32,128,256")
@@ -242,16 +243,17 @@ def main() -> int:
 
         from bench.report import write_section
 
-        md = render_scheduling([Path(p) for p in args.render_scheduling], args.date, args.section)
-        write_section(args.section, md)
+        section = args.section or "card24-scheduling"
+        md = render_scheduling([Path(p) for p in args.render_scheduling], args.date, section)
+        write_section(section, md)
         print(md)
         return 0
     if args.render_steps:
-        from support.card_rows import STEP_SESSIONS, render_steps
+        from support.card_rows import render_steps
 
         from bench.report import write_section
 
-        section = args.section if args.section in STEP_SESSIONS else "card24-one-step"
+        section = args.section or "card24-one-step"
         md = render_steps(Path(args.render_steps), args.date, section)
         write_section(section, md)
         print(md)

@@ -426,7 +426,7 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
 # --- docs/benchmarks.md: one-step reads against two steps, one engine ------------------------
 
 
-def _steps_command(name: str, in_flight: str, tests: str) -> str:
+def _steps_command(section: str, name: str, in_flight: str, tests: str) -> str:
     return (
         "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
         "# on the GPU machine, one device session:\n"
@@ -434,7 +434,7 @@ def _steps_command(name: str, in_flight: str, tests: str) -> str:
         f"BATCHES=1,256 bash bench/gpu/vllm_session.sh card {name} --in-flight {in_flight} "
         "--one-step-reads --beside-two-step\n"
         "# here: this section\n"
-        f"python bench/engine_gpu.py --section {{section}} --render-steps "
+        f"python bench/engine_gpu.py --section {section} --render-steps "
         f"docs/data/card24/one_step/card_{name}.json --date DATE"
     )
 
@@ -444,10 +444,12 @@ def _steps_command(name: str, in_flight: str, tests: str) -> str:
 # the measurement of a fix stands beside the run it fixes instead of replacing it.
 STEP_SESSIONS: dict[str, str] = {
     # The first run: one batch and four in flight (2026-12-05).
-    "card24-one-step": _steps_command("one_step", "1,4", "one_step and graphs"),
+    "card24-one-step": _steps_command("card24-one-step", "one_step", "1,4", "one_step and graphs"),
     # The attention kernel's variant with ranges compiled at warmup (the ranges on every
     # step), measured at the depths the worker and the stalled rows ran at.
-    "card24-one-step-fix": _steps_command("one_step_fix", "1,2,4", "one_step"),
+    "card24-one-step-fix": _steps_command(
+        "card24-one-step-fix", "one_step_fix", "1,2,4", "one_step"
+    ),
 }
 
 
@@ -456,7 +458,7 @@ def render_steps(path: Path, date: str = "", section: str = "card24-one-step") -
     row's one-step figures beside the same engine's reads opting out (vLLM's two steps,
     other reads of the same shapes), and the ratio. The batch-1 p50s are figures.
     `section` names the session (`STEP_SESSIONS`)."""
-    command = STEP_SESSIONS[section].replace("{section}", section)
+    command = STEP_SESSIONS[section]
     run = json.loads(path.read_text())
     info = run["info"]
     keyed: dict[int, dict[tuple[int, str, int], dict[str, Any]]] = {1: {}, 2: {}}
