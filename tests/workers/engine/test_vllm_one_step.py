@@ -13,36 +13,22 @@ from typing import Any
 import numpy as np
 import pytest
 from support.vllm_model import write_model_dir
+from support.vllm_scheduler import (
+    BLOCK,
+    WIDTH,
+    finish,
+    read_extra,
+    read_params,
+    request,
+    scheduler,
+    vllm_config,
+)
 
 from workers.engine.vllm_backend import TWO_STEP_KEY, VllmSettings, build_sampling_params
 from workers.engine.vllm_reads.plan import fused_indices, fused_ranges
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
-
-WIDTH = 16  # the served canvas here
-BLOCK = 16
-BLOCKS = 64
-BUDGET = 256  # max_num_batched_tokens
-
-
-def _extra(**over: Any) -> dict[str, Any]:
-    extra: dict[str, Any] = {
-        "diffusion_canvas_length": WIDTH,
-        "diffusion_seed_canvas": list(range(1, WIDTH + 1)),
-        "diffusion_max_steps": 1,
-        "diffusion_read_only": True,
-        "diffusion_constrained": True,
-    }
-    extra.update(over)
-    return {k: v for k, v in extra.items() if v is not None}
-
-
-def _params(extra: dict[str, Any] | None = None, **kw: Any) -> Any:
-    from vllm.sampling_params import SamplingParams
-
-    base: dict[str, Any] = {"temperature": 1.0, "max_tokens": WIDTH, "ignore_eos": True}
-    return SamplingParams(**{**base, **kw}, extra_args=_extra() if extra is None else extra)
 
 
 # --- which requests take one step ------------------------------------------------------
@@ -63,16 +49,16 @@ def test_a_read_built_by_the_engine_takes_one_step_unless_its_sibling_opts_out()
 @pytest.mark.parametrize(
     ("extra", "kw", "why"),
     [
-        (_extra(diffusion_read_only=None), {}, "not read-only: it may commit"),
-        (_extra(diffusion_max_steps=2), {}, "more than one step"),
-        (_extra(diffusion_max_steps=None), {}, "vLLM's own step count"),
-        (_extra(diffusion_seed_canvas=None), {}, "no seed: vLLM draws the canvas later"),
-        (_extra(diffusion_pinned=[0]), {}, "pinned positions"),
-        (_extra(diffusion_canvas_length=None), {}, "the served canvas, not its own"),
-        (_extra(**{TWO_STEP_KEY: True}), {}, "opted out"),
-        (_extra(), {"top_k": 5}, "top-k filters the logits"),
-        (_extra(), {"top_p": 0.9}, "top-p filters the logits"),
-        (_extra(), {"logprobs": 2}, "top-k logprobs"),
+        (read_extra(diffusion_read_only=None), {}, "not read-only: it may commit"),
+        (read_extra(diffusion_max_steps=2), {}, "more than one step"),
+        (read_extra(diffusion_max_steps=None), {}, "vLLM's own step count"),
+        (read_extra(diffusion_seed_canvas=None), {}, "no seed: vLLM draws the canvas later"),
+        (read_extra(diffusion_pinned=[0]), {}, "pinned positions"),
+        (read_extra(diffusion_canvas_length=None), {}, "the served canvas, not its own"),
+        (read_extra(**{TWO_STEP_KEY: True}), {}, "opted out"),
+        (read_extra(), {"top_k": 5}, "top-k filters the logits"),
+        (read_extra(), {"top_p": 0.9}, "top-p filters the logits"),
+        (read_extra(), {"logprobs": 2}, "top-k logprobs"),
     ],
 )
 def test_requests_that_are_not_seeded_single_step_reads_take_two_steps(
@@ -80,8 +66,8 @@ def test_requests_that_are_not_seeded_single_step_reads_take_two_steps(
 ) -> None:
     from workers.engine.vllm_reads.scheduler import one_step_width
 
-    assert one_step_width(_params()) == WIDTH
-    assert one_step_width(_params(extra, **kw)) is None, why
+    assert one_step_width(read_params()) == WIDTH
+    assert one_step_width(read_params(extra, **kw)) is None, why
 
 
 # --- the scheduler ---------------------------------------------------------------------
@@ -92,103 +78,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("diffusiongemma"), 1000)
 
 
-def _vllm_config(model_dir: Path, *, budget: int = BUDGET) -> Any:
-    from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from workers.engine.vllm_backend import engine_args
-
-    settings = VllmSettings(
-        model=str(model_dir),
-        skip_tokenizer_init=True,
-        canvas_length=WIDTH,
-        one_step_reads=True,
-        max_num_batched_tokens=budget,
-        max_num_seqs=8,
-        max_model_len=512,
-    )
-    args = AsyncEngineArgs(**engine_args(settings))
-    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-    cache.num_gpu_blocks = BLOCKS
-    scheduler = SchedulerConfig(
-        runner_type="generate",
-        max_num_batched_tokens=budget,
-        max_num_seqs=8,
-        max_model_len=512,
-        async_scheduling=True,
-        is_encoder_decoder=False,
-    )
-    return VllmConfig(
-        model_config=args.create_model_config(),
-        cache_config=cache,
-        scheduler_config=scheduler,
-        diffusion_config=args.create_diffusion_config(),
-        device_config=DeviceConfig(device="cpu"),
-    )
-
-
-def _scheduler(model_dir: Path, **kw: Any) -> Any:
-    import torch
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from workers.engine.vllm_reads.scheduler import DgOneStepScheduler
-
-    config = _vllm_config(model_dir, **kw)
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    kv = KVCacheConfig(
-        num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
-    )
-    sched = DgOneStepScheduler(
-        vllm_config=config,
-        kv_cache_config=kv,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK,
-    )
-    init_none_hash(lambda b: b)
-    hasher = get_request_block_hasher(BLOCK, lambda b: repr(b).encode())
-    return SimpleNamespace(sched=sched, hasher=hasher)
-
-
-def _request(s: Any, rid: str, prompt: list[int], params: Any | None = None) -> Any:
-    from vllm.v1.request import Request
-
-    return Request(
-        request_id=rid,
-        prompt_token_ids=prompt,
-        sampling_params=params or _params(),
-        pooling_params=None,
-        arrival_time=0.0,
-        block_hasher=s.hasher,
-    )
-
-
-def _finish(sched: Any, out: Any, canvases: dict[str, list[int]]) -> dict[str, Any]:
-    """The runner's output for a step (each read's canvas), through update_from_output:
-    {request id: its EngineCoreOutput}."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    ids = list(out.num_scheduled_tokens)
-    result = ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[canvases.get(r, []) for r in ids],
-    )
-    done = sched.update_from_output(out, result)
-    return {o.request_id: o for outs in done.values() for o in outs.outputs}
-
-
 def test_a_read_runs_prompt_and_canvas_in_one_step_and_ends_there(model_dir: Path) -> None:
     """vLLM's scheduler with the plugin's subclass: a seeded single-step read is scheduled
     once, for its prompt and its canvas (KV slots for both, the canvas as drafts), and
     ends when that step's output arrives; a read that opts out takes vLLM's two steps.
     Every block goes back to the pool."""
-    s = _scheduler(model_dir)
+    s = scheduler(model_dir)
     sched = s.sched
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-    one = _request(s, "one", list(range(100, 120)))
-    two = _request(s, "two", list(range(200, 220)), _params(_extra(**{TWO_STEP_KEY: True})))
+    one = request(s, "one", list(range(100, 120)))
+    two = request(s, "two", list(range(200, 220)), read_params(read_extra(**{TWO_STEP_KEY: True})))
     sched.add_request(one)
     sched.add_request(two)
     first = sched.schedule()
@@ -204,11 +103,11 @@ def test_a_read_runs_prompt_and_canvas_in_one_step_and_ends_there(model_dir: Pat
     second = sched.schedule()
     assert second.num_scheduled_tokens == {"two": WIDTH}
     canvas = list(range(500, 500 + WIDTH))
-    outputs = _finish(sched, first, {"one": canvas})
+    outputs = finish(sched, first, {"one": canvas})
     assert outputs["one"].new_token_ids == canvas
     assert outputs["one"].finish_reason is not None
     assert "two" not in outputs or not outputs["two"].new_token_ids
-    outputs = _finish(sched, second, {"two": canvas})
+    outputs = finish(sched, second, {"two": canvas})
     assert outputs["two"].new_token_ids == canvas
     assert not sched.requests
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free
@@ -217,13 +116,13 @@ def test_a_read_runs_prompt_and_canvas_in_one_step_and_ends_there(model_dir: Pat
 def test_a_cached_prompt_prefix_is_not_read_again(model_dir: Path) -> None:
     """A second read of the same 40-token prompt hits the prefix cache: its step holds
     the uncached tail and the canvas, and the hit's blocks are shared."""
-    s = _scheduler(model_dir)
+    s = scheduler(model_dir)
     sched = s.sched
     prompt = list(range(300, 340))
-    sched.add_request(_request(s, "a", prompt))
+    sched.add_request(request(s, "a", prompt))
     first = sched.schedule()
-    _finish(sched, first, {"a": list(range(WIDTH))})
-    sched.add_request(_request(s, "b", prompt))
+    finish(sched, first, {"a": list(range(WIDTH))})
+    sched.add_request(request(s, "b", prompt))
     out = sched.schedule()
     cached = 32  # two full blocks of the prompt (vLLM recomputes at least the last token)
     assert out.num_scheduled_tokens == {"b": 40 - cached + WIDTH}
@@ -234,10 +133,10 @@ def test_a_cached_prompt_prefix_is_not_read_again(model_dir: Path) -> None:
 def test_reads_that_do_not_fit_the_step_take_two_steps(model_dir: Path) -> None:
     """A budget of 64 tokens: the first read's prompt (40) and canvas (16) fit; the second
     read's prompt takes the rest of the budget, so its canvas waits for the next step."""
-    s = _scheduler(model_dir, budget=64)
+    s = scheduler(model_dir, budget=64)
     sched = s.sched
-    sched.add_request(_request(s, "a", list(range(100, 140))))
-    sched.add_request(_request(s, "b", list(range(200, 208))))
+    sched.add_request(request(s, "a", list(range(100, 140))))
+    sched.add_request(request(s, "b", list(range(200, 208))))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"a": 40 + WIDTH, "b": 8}
     assert out.scheduled_spec_decode_tokens == {"a": [-1] * WIDTH}
@@ -245,9 +144,9 @@ def test_reads_that_do_not_fit_the_step_take_two_steps(model_dir: Path) -> None:
 
 
 def test_a_prompt_longer_than_the_budget_takes_two_steps(model_dir: Path) -> None:
-    s = _scheduler(model_dir, budget=64)
+    s = scheduler(model_dir, budget=64)
     sched = s.sched
-    sched.add_request(_request(s, "long", list(range(1, 101))))
+    sched.add_request(request(s, "long", list(range(1, 101))))
     out = sched.schedule()
     assert out.num_scheduled_tokens == {"long": 64}  # a chunk of the prompt
     assert not out.scheduled_spec_decode_tokens
@@ -318,7 +217,7 @@ def test_the_config_hook_installs_the_scheduler_only_where_it_can_run(model_dir:
     from workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
 
     def config(**sched: Any) -> Any:
-        c = _vllm_config(model_dir)
+        c = vllm_config(model_dir)
         c.scheduler_config.scheduler_cls = None  # as at the hook: before vLLM picks one
         c.attention_config.backend = type("B", (), {"name": "TRITON_ATTN"})()
         for k, v in sched.items():
@@ -453,7 +352,7 @@ def _drive(model_dir: Path, rng: random.Random, reads: int) -> tuple[int, int]:
     slots, and that every block goes back; returns (reads fused, requests preempted)."""
     import collections
 
-    s = _scheduler(model_dir)
+    s = scheduler(model_dir)
     sched = s.sched
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     arriving = []
@@ -462,8 +361,8 @@ def _drive(model_dir: Path, rng: random.Random, reads: int) -> tuple[int, int]:
         shared = rng.random() < 0.5
         prompt = list(range(1, size + 1)) if shared else rng.choices(range(1, 900), k=size)
         opted = rng.random() < 0.3
-        params = _params(_extra(**{TWO_STEP_KEY: True})) if opted else None
-        arriving.append(_request(s, f"r{i}", prompt, params))
+        params = read_params(read_extra(**{TWO_STEP_KEY: True})) if opted else None
+        arriving.append(request(s, f"r{i}", prompt, params))
     ended: collections.Counter[str] = collections.Counter()
     in_flight: collections.deque[Any] = collections.deque()
     preempted = 0
@@ -491,7 +390,7 @@ def _drive(model_dir: Path, rng: random.Random, reads: int) -> tuple[int, int]:
         made = {
             r: [hash((r, k)) % 900 for k in range(WIDTH)] for r in out.scheduled_spec_decode_tokens
         }
-        for rid, o in _finish(sched, out, made).items():
+        for rid, o in finish(sched, out, made).items():
             if o.new_token_ids:
                 assert o.finish_reason is not None, rid
                 assert list(o.new_token_ids) == made[rid]
@@ -533,3 +432,26 @@ def test_vllms_warmup_batches_get_the_ranges(
     ranges = out["l0"].mm_prefix_range_tensor
     assert ranges.shape == (reqs, 1, 2) and ranges.dtype == torch.int32
     assert not ranges.any()
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "steps"),
+    [
+        ("one_step", "shared", 1),  # prompt and canvas of every read in one step
+        ("two_step", "shared", 2),  # the prompts, then the canvases
+        ("stock", "shared", 2),
+        ("one_step", "unique", 2),  # 32 prompts of 256 fill the 8,192-token step
+    ],
+)
+def test_the_scheduler_host_bench_serves_every_read_in_the_steps_its_mode_takes(
+    model_dir: Path, mode: str, kind: str, steps: int
+) -> None:
+    """bench/scheduler_host.py's loop (tests/support/vllm_scheduler.py) from a clean
+    checkout: every read of each batch served (it raises on any left), in the engine
+    steps its mode takes, with each phase timed."""
+    from support.vllm_scheduler import host_cost
+
+    got = host_cost(model_dir, batch=32, kind=kind, mode=mode, rounds=2)
+    assert got["steps"] == steps
+    assert min(got["admit"], got["schedule"], got["update"]) > 0
+    assert got["total"] == pytest.approx(got["admit"] + got["schedule"] + got["update"], rel=0.2)
