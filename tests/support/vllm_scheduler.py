@@ -1,7 +1,7 @@
 """vLLM 0.33's diffusion scheduler on the CPU, as the engine core drives it: its real
 scheduler class (the plugin's `DgOneStepScheduler` by default), requests, KV block pool and
 prefix cache, with the runner's output made up (a canvas per read). The one-step tests use
-it to check the scheduler's bookkeeping; `bench/scheduler_host.py` uses it to time the
+it to check the scheduler's bookkeeping; `bench/engine_host.py` uses it to time the
 scheduler's host work per read, the Python an engine core runs for every read it serves."""
 
 from __future__ import annotations

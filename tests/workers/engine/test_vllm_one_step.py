@@ -446,7 +446,7 @@ def test_vllms_warmup_batches_get_the_ranges(
 def test_the_scheduler_host_bench_serves_every_read_in_the_steps_its_mode_takes(
     model_dir: Path, mode: str, kind: str, steps: int
 ) -> None:
-    """bench/scheduler_host.py's loop (tests/support/vllm_scheduler.py) from a clean
+    """bench/engine_host.py's loop (tests/support/vllm_scheduler.py) from a clean
     checkout: every read of each batch served (it raises on any left), in the engine
     steps its mode takes, with each phase timed."""
     from support.vllm_scheduler import host_cost
@@ -455,3 +455,21 @@ def test_the_scheduler_host_bench_serves_every_read_in_the_steps_its_mode_takes(
     assert got["steps"] == steps
     assert min(got["admit"], got["schedule"], got["update"]) > 0
     assert got["total"] == pytest.approx(got["admit"] + got["schedule"] + got["update"], rel=0.2)
+
+
+def test_the_front_end_bench_reads_every_answer_through_vllms_processors() -> None:
+    """bench/engine_host.py's front end (tests/support/vllm_frontend.py) from a clean
+    checkout: each read's request through vLLM's input processor, its output back through
+    the messages and the output processor, and the engine's `parse_output` reading each
+    slot's labels (equal logprobs: equal probabilities)."""
+    from support.reads import make_reads
+    from support.vllm_frontend import CORE, FRONT, PROMPT, VOCAB, FrontEnd
+
+    reads = make_reads(8, PROMPT, WIDTH, 0, VOCAB, random.Random(1))
+    took, results = FrontEnd(8).serve("t", reads)
+    assert set(took) == {*FRONT, *CORE} and min(took.values()) > 0
+    assert len(results) == len(reads)
+    for read, result in zip(reads, results, strict=True):
+        assert [s.question_id for s in result.slots] == [s.question_id for s in read.slots]
+        for slot, got in zip(read.slots, result.slots, strict=True):
+            assert got.probs == pytest.approx(np.full(len(slot.label_ids), 1 / len(slot.label_ids)))
