@@ -156,7 +156,7 @@ def render(
         "",
         f"At the card's best one-question-set rate so far ({BEST_SHARED_RATE:g} reads/s at "
         f"batch 256, an H200 as the 24 GB card, 2026-12-04) a read has {budget_us:,.0f} µs "
-        "of each process's time. On this slower CPU the engine core's scheduler and its "
+        "of each process's time. On this machine's CPU the engine core's scheduler and its "
         f"side of the messages take at most {core:.0f} µs of it "
         f"({100 * core / budget_us:.0f}%), the front end {fe:.0f} µs "
         f"({100 * fe / budget_us:.0f}%, asyncio's part not counted): neither comes near "
