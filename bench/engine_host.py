@@ -107,18 +107,6 @@ def render(
             f"| {r['schedule']:.1f} "
             f"| {r['update']:.1f} | {r['total']:.1f} | {r['steps']:g} | {ratio:.2f} |"
         )
-    shared = max(
-        float(r["total"])  # type: ignore[arg-type]
-        for r in rows
-        if r["batch"] == max(stock)[0] and r["kind"] == "shared"
-    )
-    budget_us = 1e6 / BEST_SHARED_RATE
-    two = {(r["batch"], r["kind"]): r["total"] for r in rows if r["mode"] == "two_step"}
-    change = max(
-        abs(float(r["total"]) / float(two[(r["batch"], r["kind"])]) - 1)  # type: ignore[arg-type]
-        for r in rows
-        if r["mode"] == "one_step"
-    )
     phases = " | ".join(f"{k} µs" for k in FRONT)
     lines += [
         "",
