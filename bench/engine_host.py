@@ -31,7 +31,10 @@ from support.vllm_frontend import FRONT, frontend_cost  # noqa: E402
 from support.vllm_model import write_model_dir  # noqa: E402
 from support.vllm_scheduler import PROMPT, WIDTH, host_cost  # noqa: E402
 
+from workers.engine.vllm_backend import VllmSettings  # noqa: E402
+
 MODES = ("stock", "two_step", "one_step")
+BUDGET = VllmSettings.model_fields["max_num_batched_tokens"].default
 # The card's best one-question-set rate at batch 256 (reads/s): an H200 as the 24 GB card,
 # four batches in flight, 2026-12-04 (docs/benchmarks.md, card24-notes fix_shared_b256_x4_max).
 BEST_SHARED_RATE = 977.5
@@ -87,7 +90,8 @@ def render(
         "What vLLM's engine core spends in its scheduler for each read, measured here on the "
         "CPU: vLLM 0.33's diffusion scheduler (the real class, requests, KV block pool and "
         "prefix cache with SHA-256 block hashes, vLLM's default) driven as async scheduling "
-        "drives it (two steps in flight), the runner's output made up. Reads as the card "
+        "drives it (two steps in flight), the runner's output made up, in steps of the "
+        f"product's {BUDGET:,}-token budget (`max_num_batched_tokens`). Reads as the card "
         f"runs': {PROMPT}-token prompts, {WIDTH}-position canvases (`shared`: one prompt for "
         "the whole batch, as one question set; `unique`: each its own). `admit` is "
         "the request with its prompt's block hashes and `add_request()`, `schedule` is "

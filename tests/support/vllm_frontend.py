@@ -43,7 +43,7 @@ class FrontEnd:
 
         model = write_model_dir(Path(tempfile.mkdtemp(prefix="dgfront-")), VOCAB)
         self.settings = VllmSettings(model=str(model), skip_tokenizer_init=True)
-        config = vllm_config(model, budget=8192, seqs=batch, blocks=64)
+        config = vllm_config(model, budget=self.settings.max_num_batched_tokens, seqs=batch)
         self.inputs = InputProcessor(config)
         # As AsyncLLM builds it without a tokenizer (skip_tokenizer_init) or stats.
         self.outputs = OutputProcessor(None, log_stats=False)

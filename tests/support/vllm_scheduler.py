@@ -186,7 +186,8 @@ def host_cost(
     per_read = -(-(PROMPT + WIDTH) // BLOCK)
     s = scheduler(
         model_dir,
-        budget=8192,  # the read path's max_num_batched_tokens on the card
+        # The product's token budget per step (its default max_num_batched_tokens).
+        budget=VllmSettings.model_fields["max_num_batched_tokens"].default,
         seqs=batch,
         blocks=per_read * batch + 64,
         stock=mode == "stock",

@@ -27,7 +27,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("one_step", "shared", 1),  # prompt and canvas of every read in one step
         ("two_step", "shared", 2),  # the prompts, then the canvases
         ("stock", "shared", 2),
-        ("one_step", "unique", 2),  # 32 prompts of 256 fill the 8,192-token step
+        # 32 prompts of 256 tokens over steps of 4,096 (the product's budget): the prompts,
+        # then the canvases of the last ones, in four steps; fused, a read's canvas runs
+        # in the step that finishes its prompt, and one step fewer.
+        ("two_step", "unique", 4),
+        ("one_step", "unique", 3),
     ],
 )
 def test_the_scheduler_host_bench_serves_every_read_in_the_steps_its_mode_takes(
