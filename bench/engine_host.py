@@ -29,12 +29,9 @@ use_test_support()
 
 from support.vllm_frontend import FRONT, frontend_cost  # noqa: E402
 from support.vllm_model import write_model_dir  # noqa: E402
-from support.vllm_scheduler import PROMPT, WIDTH, host_cost  # noqa: E402
-
-from workers.engine.vllm_backend import VllmSettings  # noqa: E402
+from support.vllm_scheduler import BUDGET, PROMPT, WIDTH, host_cost  # noqa: E402
 
 MODES = ("stock", "two_step", "one_step")
-BUDGET = VllmSettings.model_fields["max_num_batched_tokens"].default
 # The card's best one-question-set rate at batch 256 (reads/s): an H200 as the 24 GB card,
 # four batches in flight, 2026-12-04 (docs/benchmarks.md, card24-notes fix_shared_b256_x4_max).
 BEST_SHARED_RATE = 977.5
@@ -130,10 +127,11 @@ def render(
     for kind, got in front.items():
         cells = " | ".join(f"{got[k]:.1f}" for k in FRONT)
         lines.append(f"| {kind} | {cells} | {got['front']:.1f} | {got['core']:.1f} |")
+    top = max(int(r["batch"]) for r in rows)  # type: ignore[call-overload]
     shared = max(
         float(r["total"])  # type: ignore[arg-type]
         for r in rows
-        if r["batch"] == max(stock)[0] and r["kind"] == "shared"
+        if r["batch"] == top and r["kind"] == "shared"
     )
     core = shared + front["shared"]["core"]
     fe = front["shared"]["front"]

@@ -18,13 +18,11 @@ import numpy as np
 
 from support.reads import make_reads
 from support.vllm_model import write_model_dir
-from support.vllm_scheduler import vllm_config
+from support.vllm_scheduler import BUDGET, PROMPT, WIDTH, vllm_config
 from workers.engine.types import Read
 from workers.engine.vllm_backend import VllmSettings, build_sampling_params, parse_output
 
 VOCAB = 262_144  # the checkpoint's vocabulary
-PROMPT = 256  # the card runs' prompts (tokens)
-WIDTH = 16  # and canvas
 
 # Where each phase runs: the front end's process, or the engine core's (its side of the
 # messages; its scheduler's work is the scheduler table's).
@@ -43,7 +41,7 @@ class FrontEnd:
 
         model = write_model_dir(Path(tempfile.mkdtemp(prefix="dgfront-")), VOCAB)
         self.settings = VllmSettings(model=str(model), skip_tokenizer_init=True)
-        config = vllm_config(model, budget=self.settings.max_num_batched_tokens, seqs=batch)
+        config = vllm_config(model, budget=BUDGET, seqs=batch)
         self.inputs = InputProcessor(config)
         # As AsyncLLM builds it without a tokenizer (skip_tokenizer_init) or stats.
         self.outputs = OutputProcessor(None, log_stats=False)

@@ -159,6 +159,8 @@ def finish(sched: Any, out: Any, canvases: dict[str, list[int]]) -> dict[str, An
 # --- the scheduler's host work per read ---------------------------------------------------
 
 PROMPT = 256  # the card runs' prompts (tokens)
+# The product's token budget per step (its default max_num_batched_tokens).
+BUDGET: int = VllmSettings.model_fields["max_num_batched_tokens"].default
 
 
 def host_cost(
@@ -186,8 +188,7 @@ def host_cost(
     per_read = -(-(PROMPT + WIDTH) // BLOCK)
     s = scheduler(
         model_dir,
-        # The product's token budget per step (its default max_num_batched_tokens).
-        budget=VllmSettings.model_fields["max_num_batched_tokens"].default,
+        budget=BUDGET,
         seqs=batch,
         blocks=per_read * batch + 64,
         stock=mode == "stock",
@@ -250,6 +251,7 @@ def host_cost(
 
 __all__ = [
     "BLOCK",
+    "BUDGET",
     "PROMPT",
     "WIDTH",
     "finish",

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.vllm_model import write_model_dir
-from support.vllm_scheduler import WIDTH
+from support.vllm_scheduler import PROMPT, WIDTH
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -54,7 +54,7 @@ def test_the_front_end_bench_reads_every_answer_through_vllms_processors() -> No
     the messages and the output processor, and the engine's `parse_output` reading each
     slot's labels (equal logprobs: equal probabilities)."""
     from support.reads import make_reads
-    from support.vllm_frontend import CORE, FRONT, PROMPT, VOCAB, FrontEnd
+    from support.vllm_frontend import CORE, FRONT, VOCAB, FrontEnd
 
     reads = make_reads(8, PROMPT, WIDTH, 0, VOCAB, random.Random(1))
     took, results = FrontEnd(8).serve("t", reads)
