@@ -70,6 +70,8 @@ NVFP4 = {
 
 # Every label id `bench.engine_gpu.make_reads` puts on a canvas.
 SHARED_LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)
+# `--one-step-reads VALUE` -> VllmSettings.one_step_reads (unset: the settings' default).
+ONE_STEP_CHOICES: dict[str, bool | str] = {"true": True, "false": False, "auto": "auto"}
 
 
 def full_size_dir(quant: str, root: Path) -> Path:
@@ -242,7 +244,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "linear_backend": args.linear_backend,
         "cudagraph_mode": args.cudagraph_mode,
         "gpu_memory_utilization": args.gpu_memory_utilization,
-        "one_step_reads": args.one_step_reads or None,
+        "one_step_reads": ONE_STEP_CHOICES[args.one_step_reads] if args.one_step_reads else None,
     }
     if args.budget_gib:  # the runs before the emulated card: a share of the whole H200
         knobs["gpu_memory_utilization"] = round(args.budget_gib / total_gib, 4)
@@ -273,7 +275,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         vocab = engine.info.vocab_size
         rows = await measure(engine, args, vocab, peak)
         one_step = settings.one_step_resolved(engine.read_path)[0]
-        if one_step:
+        if one_step and settings.one_step_reads is True:
+            # Every read in one step. Under "auto" a row's reads take one step or two
+            # with the engine's backlog: its rows stand as the engine's own (no "steps").
             for row in rows:
                 row["steps"] = 1
         if args.beside_two_step:
@@ -372,13 +376,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--one-step-reads",
-        action="store_true",
-        help="a read's prompt and canvas in one step (VllmSettings.one_step_reads)",
+        nargs="?",
+        const="true",
+        default=None,
+        choices=sorted(ONE_STEP_CHOICES),
+        help="VllmSettings.one_step_reads (alone: true, every read that can in one step; "
+        "default: the settings' own, auto)",
     )
     ap.add_argument(
         "--beside-two-step",
         action="store_true",
-        help="with --one-step-reads: every row again with the reads opting out (two steps)",
+        help="with one-step reads: every row again with the reads opting out (two steps)",
     )
     ap.add_argument(
         "--in-flight",
@@ -389,7 +397,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.beside_two_step and not args.one_step_reads:
+    if args.beside_two_step and args.one_step_reads == "false":
         # Without one-step reads every row already takes two steps: the pair would be twins.
         raise SystemExit("--beside-two-step needs --one-step-reads")
     result = asyncio.run(run(args))

@@ -305,6 +305,44 @@ def test_a_one_step_run_is_a_column_of_its_one_step_rows_not_the_defaults(
 
 
 @pytest.mark.unit
+def test_a_run_of_the_auto_default_is_the_defaults_column_and_says_auto(tmp_path: Path) -> None:
+    """one_step_reads defaults to "auto" since 2026-12-06 (false before: the runs of
+    then are the defaults' columns too); `true` is a chosen setting, not the defaults."""
+    auto = card_run(tmp_path, "auto", True, 1.0, one_step_reads="auto")
+    always = card_run(tmp_path, "always", True, 1.5, one_step_reads=True)
+    md = card_rows.render_scheduling([always, auto])
+    header = next(line for line in md.splitlines() if line.startswith("| batch"))
+    assert "| async, canvas 64, one-step reads | async, canvas 64, one-step reads auto |" in header
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "figure" not in cells[3]
+    assert cells[4].startswith("<!-- figure: defaults_shared_b256_x2 -->1024.0")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "value"),
+    [
+        ([], None),  # the settings' own default
+        (["--one-step-reads"], True),
+        (["--one-step-reads", "false"], False),
+        (["--one-step-reads", "auto"], "auto"),
+    ],
+)
+def test_the_card_bench_takes_one_step_reads_as_the_settings_do(
+    argv: list[str], value: bool | str | None
+) -> None:
+    from bench.engine_vllm import ONE_STEP_CHOICES, add_arguments
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    given = ap.parse_args(argv).one_step_reads
+    assert (ONE_STEP_CHOICES[given] if given else None) == value
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--one-step-reads", "sometimes"])
+
+
+@pytest.mark.unit
 def test_a_run_at_another_share_is_not_the_defaults_column(tmp_path: Path) -> None:
     lower = card_run(tmp_path, "lower", True, 1.0)
     body = json.loads(lower.read_text())

@@ -248,8 +248,10 @@ def run_label(info: dict[str, Any]) -> str:
         label += ", " + "/".join(sorted(kernels)) + " kernels"
     if s.get("cudagraph_mode"):
         label += f", {s['cudagraph_mode']} graphs"
-    if s.get("one_step_reads"):
+    if s.get("one_step_reads") is True:
         label += ", one-step reads"
+    elif s.get("one_step_reads") == "auto":
+        label += ", one-step reads auto"
     share = s.get("gpu_memory_utilization")
     if share is not None and share != DEFAULT_UTILIZATION:
         label += f", gpu_memory_utilization {share}"
@@ -350,7 +352,8 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
             and b["info"]["settings"].get("read_path", "dgstream") == "dgstream"
             and b["info"]["settings"].get("gpu_memory_utilization", DEFAULT_UTILIZATION)
             == DEFAULT_UTILIZATION
-            and not b["info"]["settings"].get("one_step_reads")
+            # The default: false until 2026-12-06 (every run before then), "auto" since.
+            and b["info"]["settings"].get("one_step_reads") in (None, False, "auto")
         ),
         None,
     )

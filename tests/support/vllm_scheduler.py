@@ -45,9 +45,17 @@ def two_step_params() -> Any:
     return read_params(read_extra(**{TWO_STEP_KEY: True}))
 
 
-def vllm_config(model_dir: Path, *, budget: int = 256, seqs: int = 8, blocks: int = 64) -> Any:
-    """The engine's own settings (one-step reads on) turned into vLLM's config, on the CPU:
-    a token budget per step, reads in flight, KV blocks of BLOCK tokens."""
+def vllm_config(
+    model_dir: Path,
+    *,
+    budget: int = 256,
+    seqs: int = 8,
+    blocks: int = 64,
+    one_step: bool | str = True,
+) -> Any:
+    """The engine's own settings (`one_step`: its one_step_reads, on by default) turned
+    into vLLM's config, on the CPU: a token budget per step, reads in flight, KV blocks of
+    BLOCK tokens, and the read path's options as the engine hands them over."""
     from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -55,12 +63,13 @@ def vllm_config(model_dir: Path, *, budget: int = 256, seqs: int = 8, blocks: in
         model=str(model_dir),
         skip_tokenizer_init=True,
         canvas_length=WIDTH,
-        one_step_reads=True,
+        one_step_reads=one_step,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         max_model_len=512,
     )
-    args = AsyncEngineArgs(**engine_args(settings))
+    kwargs = engine_args(settings)
+    args = AsyncEngineArgs(**kwargs)
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
     cache.num_gpu_blocks = blocks
     scheduler = SchedulerConfig(
@@ -77,6 +86,7 @@ def vllm_config(model_dir: Path, *, budget: int = 256, seqs: int = 8, blocks: in
         scheduler_config=scheduler,
         diffusion_config=args.create_diffusion_config(),
         device_config=DeviceConfig(device="cpu"),
+        additional_config=kwargs["additional_config"],
     )
 
 
@@ -88,6 +98,7 @@ def scheduler(
     blocks: int = 64,
     stock: bool = False,
     sha256: bool = False,
+    one_step: bool | str = True,
 ) -> Any:
     """SimpleNamespace(sched, hasher): the plugin's scheduler (`stock`: vLLM's own
     `DiffusionAsyncScheduler`) over a KV pool of `blocks` blocks. The block hasher is a
@@ -102,7 +113,7 @@ def scheduler(
 
     from workers.engine.vllm_reads.scheduler import DgOneStepScheduler
 
-    config = vllm_config(model_dir, budget=budget, seqs=seqs, blocks=blocks)
+    config = vllm_config(model_dir, budget=budget, seqs=seqs, blocks=blocks, one_step=one_step)
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)
     kv = KVCacheConfig(
         num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]

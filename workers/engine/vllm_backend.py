@@ -194,15 +194,16 @@ class VllmSettings(BaseModel):
     # One-step reads: a read's canvas runs in the step that finishes its prompt, one
     # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). They need
     # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN, a
-    # cudagraph_mode other than FULL and tensor_parallel_size 1: true refuses settings
-    # without them, by name; "auto" takes one step where they hold and two where not, and
-    # the engine's start log says which and why (`one_step_resolved`). On an H200 as the
-    # 24 GB card (2026-12-05), one read took 22.9 ms p50 on a unique prompt against 31.3
-    # in two steps on the same engine, batch 256 read the same, and the demo model
-    # answered as in two steps; with four batches in flight it stalled on attention
-    # kernels compiled while serving. Off by default until the fix for that (the kernel
-    # compiled at warmup) is measured; "auto" is the default it would become.
-    one_step_reads: bool | Literal["auto"] = False
+    # cudagraph_mode other than FULL and tensor_parallel_size 1. true: every read that can
+    # takes one step, and settings without them are refused, by name. "auto" (the
+    # default): one step where the settings allow it (two where not, and the engine's
+    # start log says why) and only in steps that leave no request waiting, so a
+    # backlogged engine reads in two steps. On an H200 as the 24 GB card (2026-12-06, one
+    # engine), a lone read took 23.2 ms p50 on a unique prompt and 18.7 on one question
+    # set in one step against 32.5 and 27.0 in two; at batch 256 on one question set two
+    # steps read 1.05-1.17x as fast as one; unique prompts at batch 256 read the same
+    # either way; the demo model answers as in two steps. false: vLLM's two steps always.
+    one_step_reads: bool | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
     def _seqs_fit_the_path(self) -> VllmSettings:
@@ -250,6 +251,8 @@ class VllmSettings(BaseModel):
             # Only "auto" gets here with clashes on the settings' own path; true can get
             # here when the engine falls back to the stock path (no plugin).
             return False, f"one_step_reads {self.one_step_reads}, but " + "; ".join(clashes)
+        if self.one_step_reads == "auto":
+            return True, "one_step_reads auto: two steps while requests wait"
         return True, f"one_step_reads {self.one_step_reads}"
 
     def reads_in_flight(self, read_path: str | None = None) -> int:
@@ -464,6 +467,7 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         logits_tile_mib=settings.logits_tile_mib,
         max_num_seqs=seqs,
         one_step=settings.one_step_resolved(path)[0],
+        one_step_idle_only=settings.one_step_reads == "auto",
     )
     args: dict[str, Any] = {
         "model": settings.model,

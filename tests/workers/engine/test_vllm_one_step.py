@@ -143,6 +143,42 @@ def test_reads_that_do_not_fit_the_step_take_two_steps(model_dir: Path) -> None:
     assert sched.fused_reads == 1
 
 
+@pytest.mark.parametrize("one_step", [True, "auto"])
+def test_auto_reads_in_two_steps_while_requests_wait_and_in_one_when_none_do(
+    model_dir: Path, one_step: bool | str
+) -> None:
+    """Two seats, three reads: the third waits for a seat. true fuses the two seated reads
+    anyway; auto leaves them to vLLM's two steps (a backlog reads faster that way), then
+    fuses the third, which leaves nothing waiting. Every read ends once."""
+    s = scheduler(model_dir, seqs=2, one_step=one_step)
+    sched = s.sched
+    assert sched.idle_only is (one_step == "auto")
+    for rid, base in (("a", 100), ("b", 200), ("c", 300)):
+        sched.add_request(request(s, rid, list(range(base, base + 20))))
+    first = sched.schedule()
+    assert sched.waiting_requests() == 1
+    canvas = list(range(500, 500 + WIDTH))
+    if one_step is True:
+        assert first.num_scheduled_tokens == {"a": 20 + WIDTH, "b": 20 + WIDTH}
+        assert (sched.fused_reads, sched.backlogged_steps) == (2, 0)
+        ended = finish(sched, first, {"a": canvas, "b": canvas})
+    else:
+        assert first.num_scheduled_tokens == {"a": 20, "b": 20}
+        assert not first.scheduled_spec_decode_tokens
+        assert (sched.fused_reads, sched.backlogged_steps) == (0, 1)
+        second = sched.schedule()  # async: the canvases while the prompts run
+        assert second.num_scheduled_tokens == {"a": WIDTH, "b": WIDTH}
+        finish(sched, first, {})
+        ended = finish(sched, second, {"a": canvas, "b": canvas})
+    assert {r for r, o in ended.items() if o.finish_reason is not None} == {"a", "b"}
+    last = sched.schedule()
+    assert last.num_scheduled_tokens == {"c": 20 + WIDTH}
+    assert sched.waiting_requests() == 0
+    assert sched.fused_reads == (3 if one_step is True else 1)
+    assert finish(sched, last, {"c": canvas})["c"].new_token_ids == canvas
+    assert not sched.requests
+
+
 def test_a_prompt_longer_than_the_budget_takes_two_steps(model_dir: Path) -> None:
     s = scheduler(model_dir, budget=64)
     sched = s.sched
@@ -182,17 +218,17 @@ def test_one_step_reads_refuse_settings_they_cannot_run_with(
 
 
 @pytest.mark.parametrize(
-    ("one_step_reads", "read_path", "on"),
+    ("one_step_reads", "read_path", "on", "idle_only"),
     [
-        ("auto", None, True),
-        (True, None, True),
-        (False, None, False),
-        ("auto", "stock", False),  # the engine fell back to vLLM's own path (no plugin)
-        (True, "stock", False),
+        ("auto", None, True, True),
+        (True, None, True, False),
+        (False, None, False, False),
+        ("auto", "stock", False, True),  # the engine fell back to vLLM's own path (no plugin)
+        (True, "stock", False, False),
     ],
 )
 def test_what_the_engine_hands_vllm_follows_the_resolved_setting(
-    one_step_reads: bool | str, read_path: str | None, on: bool
+    one_step_reads: bool | str, read_path: str | None, on: bool, idle_only: bool
 ) -> None:
     from workers.engine.vllm_backend import engine_args
     from workers.engine.vllm_reads.options import ReadPathOptions
@@ -202,6 +238,15 @@ def test_what_the_engine_hands_vllm_follows_the_resolved_setting(
     args = engine_args(settings, read_path)
     options = ReadPathOptions.from_additional_config(args["additional_config"])
     assert options.one_step is on
+    assert options.one_step_idle_only is idle_only
+
+
+def test_auto_is_the_default() -> None:
+    assert VllmSettings().one_step_reads == "auto"
+    assert VllmSettings().one_step_resolved() == (
+        True,
+        "one_step_reads auto: two steps while requests wait",
+    )
 
 
 @pytest.mark.parametrize("value", ["automatic", "yes please", 2, None])
@@ -335,24 +380,30 @@ def test_the_engine_says_at_start_how_many_steps_its_reads_take(
             VllmEngine(VllmSettings(model=str(model_dir), **over))._engine_kwargs()
         return [r.getMessage() for r in caplog.records if "reads in" in r.getMessage()]
 
-    assert said(one_step_reads="auto") == ["vLLM reads in one step (one_step_reads auto)"]
+    auto = ["vLLM reads in one step (one_step_reads auto: two steps while requests wait)"]
+    assert said(one_step_reads="auto") == auto
+    assert said() == auto
+    assert said(one_step_reads=True) == ["vLLM reads in one step (one_step_reads True)"]
     assert said(one_step_reads="auto", async_scheduling=False) == [
         "vLLM reads in two steps (one_step_reads auto, but async_scheduling False (needs true))"
     ]
-    assert said() == ["vLLM reads in two steps (one_step_reads is false)"]
+    assert said(one_step_reads=False) == ["vLLM reads in two steps (one_step_reads is false)"]
 
 
-def _drive(model_dir: Path, rng: random.Random, reads: int) -> tuple[int, int]:
+def _drive(
+    model_dir: Path, rng: random.Random, reads: int, one_step: bool | str = True
+) -> tuple[int, int, int]:
     """vLLM's engine core over the scheduler, as async scheduling runs it (two steps in
     flight: the next is scheduled before the last's output is back), under a stream of
     reads that arrive a few at a time: prompts of 5 to 300 tokens (longer than the step's
     budget too), half of them over one shared prefix, a third opting out of one step, in
     a KV pool of 1,024 tokens that a few long prompts fill. Checks that every read ends
     exactly once with the canvas its step produced, that each step's positions have KV
-    slots, and that every block goes back; returns (reads fused, requests preempted)."""
+    slots, and that every block goes back; returns (reads fused, requests preempted,
+    steps left to two steps for a backlog)."""
     import collections
 
-    s = scheduler(model_dir)
+    s = scheduler(model_dir, one_step=one_step)
     sched = s.sched
     free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
     arriving = []
@@ -399,19 +450,25 @@ def _drive(model_dir: Path, rng: random.Random, reads: int) -> tuple[int, int]:
     assert sorted(ended) == sorted(f"r{i}" for i in range(reads))
     assert set(ended.values()) == {1}
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free
-    return sched.fused_reads, preempted
+    return sched.fused_reads, preempted, sched.backlogged_steps
 
 
-def test_every_read_ends_once_under_kv_pressure_with_two_steps_in_flight(model_dir: Path) -> None:
+@pytest.mark.parametrize("one_step", [True, "auto"])
+def test_every_read_ends_once_under_kv_pressure_with_two_steps_in_flight(
+    model_dir: Path, one_step: bool | str
+) -> None:
     """A table of random streams (seeded): one-step and two-step reads side by side, with
     preemption, prefix hits and chunked prompts, end exactly once each and return every
-    block. The streams must exercise what they guard: some reads fused, some preempted."""
-    fused = preempted = 0
+    block, with every read fused that can be (true) or only in steps that leave nothing
+    waiting (auto). The streams must exercise what they guard: some reads fused, some
+    preempted, and under auto some steps backlogged."""
+    fused = preempted = backlogged = 0
     for seed in range(12):
-        f, p = _drive(model_dir, random.Random(seed), 60)
-        fused, preempted = fused + f, preempted + p
-    assert fused > 100
+        f, p, b = _drive(model_dir, random.Random(seed), 60, one_step)
+        fused, preempted, backlogged = fused + f, preempted + p, backlogged + b
+    assert fused > (100 if one_step is True else 20)
     assert preempted > 0
+    assert (backlogged > 0) is (one_step == "auto")
 
 
 @pytest.mark.parametrize(("reqs", "tokens"), [(1, 1), (1, 272), (16, 272), (37, 4096)])

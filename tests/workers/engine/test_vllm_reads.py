@@ -407,7 +407,13 @@ def test_the_read_path_rides_in_additional_config_with_256_reads_in_flight() -> 
     assert resolve_read_path(settings)[0] == "dgstream"
     args = engine_args(settings, "dgstream")
     options = ReadPathOptions.from_additional_config(args["additional_config"])
-    assert options == ReadPathOptions(enabled=True, logits_tile_mib=256, max_num_seqs=256)
+    assert options == ReadPathOptions(
+        enabled=True,
+        logits_tile_mib=256,
+        max_num_seqs=256,
+        one_step=True,  # one_step_reads' default, auto
+        one_step_idle_only=True,
+    )
     assert args["max_num_seqs"] == 256
     assert args["gpu_memory_utilization"] == settings.gpu_memory_utilization
     stock = engine_args(settings, "stock")  # a fallback: vLLM's own ceiling

@@ -14,6 +14,10 @@ step that finishes the prompt, for the reads that can take it:
 3. vLLM's async bookkeeping then counts the canvas as in flight, exactly as it does for
    the second step of the two-step flow, and the request ends when its output arrives.
 
+With `one_step_idle_only` (`ReadPathOptions`; the engine's `one_step_reads: auto`) step 2
+runs only when vLLM's scheduling left no request waiting: a backlogged engine reads in two
+steps, which measured faster there, and an idle one in one, which measured faster there.
+
 The runner lays the canvas (the seed, written at admission by `Admissions.flush`) on the
 last W positions, and the model state gives those positions the bidirectional range the
 canvas step has (`fused_ranges`). Anything that does not qualify (a prompt longer than the
@@ -27,6 +31,7 @@ from typing import Any
 from vllm.logger import init_logger
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler
 
+from workers.engine.vllm_reads.options import ReadPathOptions
 from workers.engine.vllm_reads.plan import reports_raw_logits
 
 # Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process.
@@ -71,17 +76,33 @@ class DgOneStepScheduler(DiffusionAsyncScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Reads fused since the start (read by tests and logs).
+        # Reads fused since the start, and steps left to two steps for a backlog (read by
+        # tests and logs).
         self.fused_reads = 0
-        logger.info("dgstream one-step reads on: a read's prompt and canvas in one step")
+        self.backlogged_steps = 0
+        options = ReadPathOptions.from_additional_config(
+            getattr(self.vllm_config, "additional_config", None)
+        )
+        self.idle_only = options.one_step_idle_only
+        logger.info(
+            "dgstream one-step reads on: a read's prompt and canvas in one step%s",
+            " while no request waits" if self.idle_only else "",
+        )
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         self._fuse_canvases(scheduler_output)
         super()._update_after_schedule(scheduler_output)
 
+    def waiting_requests(self) -> int:
+        """Requests vLLM's scheduling left waiting (for a seat, the budget or KV blocks)."""
+        return len(self.waiting) + len(getattr(self, "kv_holding_waiting", ()))
+
     def _fuse_canvases(self, out: Any) -> None:
         budget = self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
         if budget <= 0 or not out.scheduled_new_reqs:
+            return
+        if self.idle_only and self.waiting_requests():
+            self.backlogged_steps += 1
             return
         manager = self.kv_cache_manager
         for data in out.scheduled_new_reqs:
