@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from workers.engine.vllm_backend import TWO_STEP_KEY, VllmSettings, engine_args
+from workers.engine.vllm_backend import READ_PATH_SEQS, TWO_STEP_KEY, VllmSettings, engine_args
 
 WIDTH = 16  # the served canvas (the card runs' 16 positions)
 BLOCK = 16  # vLLM's default KV block size
@@ -260,11 +260,55 @@ def host_cost(
     }
 
 
+def burst(
+    model_dir: Path, *, one_step: bool | str, batches: int, batch: int = 256, prefix: int = 224
+) -> dict[str, int]:
+    """`batches` batches of `batch` reads of the card runs' one-question-set shape
+    (`PROMPT`-token prompts over a `prefix`-token shared prefix), all at the scheduler at
+    once, served at the product's budget and reads in flight, as async scheduling drives
+    it (two steps in flight): {"steps", "fused"} (reads that took one step). `one_step`:
+    the engine's one_step_reads (false: every read opting out)."""
+    import random
+
+    seqs = READ_PATH_SEQS
+    s = scheduler(
+        model_dir,
+        budget=BUDGET,
+        seqs=seqs,
+        blocks=-(-(PROMPT + WIDTH) // BLOCK) * seqs * 2 + 64,
+        one_step=one_step if one_step is not False else True,
+    )
+    sched = s.sched
+    params = read_params() if one_step is not False else two_step_params()
+    rng = random.Random(0)
+    shared = list(range(1, prefix + 1))
+    for i in range(batches * batch):
+        tail = rng.choices(range(300, 900), k=PROMPT - prefix)
+        sched.add_request(request(s, f"r{i}", shared + tail, params))
+    in_flight: deque[Any] = deque()
+    steps = 0
+    while True:
+        if len(in_flight) < 2 and sched.has_requests():
+            out = sched.schedule()
+            if out.total_num_scheduled_tokens:
+                in_flight.append(out)
+                steps += 1
+                continue
+        if not in_flight:
+            if sched.has_requests():
+                raise RuntimeError("reads left unscheduled")
+            break
+        out = in_flight.popleft()
+        finish(sched, out, {rid: [7] * WIDTH for rid in out.scheduled_spec_decode_tokens})
+    return {"steps": steps, "fused": sched.fused_reads}
+
+
 __all__ = [
     "BLOCK",
     "BUDGET",
     "PROMPT",
     "WIDTH",
+    "burst",
     "finish",
     "host_cost",
     "read_extra",

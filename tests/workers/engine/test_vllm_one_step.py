@@ -16,6 +16,7 @@ from support.vllm_model import write_model_dir
 from support.vllm_scheduler import (
     BLOCK,
     WIDTH,
+    burst,
     finish,
     read_extra,
     read_params,
@@ -177,6 +178,24 @@ def test_auto_reads_in_two_steps_while_requests_wait_and_in_one_when_none_do(
     assert sched.fused_reads == (3 if one_step is True else 1)
     assert finish(sched, last, {"c": canvas})["c"].new_token_ids == canvas
     assert not sched.requests
+
+
+def test_at_the_cards_shapes_auto_fuses_a_bursts_tail_and_little_under_two_batches(
+    model_dir: Path,
+) -> None:
+    """The card runs' one-question-set batches of 256 at the product's budget: auto fuses
+    what true fuses of a lone batch (its tail, once nothing waits) and an eighth of it
+    with two batches in flight, where true keeps fusing; every mode takes the same steps."""
+    seen = {
+        (mode, n): burst(model_dir, one_step=mode, batches=n)
+        for mode in (False, True, "auto")
+        for n in (1, 2)
+    }
+    for n in (1, 2):
+        assert len({seen[m, n]["steps"] for m in (False, True, "auto")}) == 1
+        assert seen[False, n]["fused"] == 0
+    assert seen["auto", 1]["fused"] == seen[True, 1]["fused"] > 0
+    assert 0 < seen["auto", 2]["fused"] * 8 <= seen[True, 2]["fused"]
 
 
 def test_a_prompt_longer_than_the_budget_takes_two_steps(model_dir: Path) -> None:
