@@ -399,7 +399,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.beside_two_step and args.one_step_reads == "false":
         # Without one-step reads every row already takes two steps: the pair would be twins.
-        raise SystemExit("--beside-two-step needs --one-step-reads")
+        raise SystemExit("--beside-two-step needs one-step reads (not --one-step-reads false)")
     result = asyncio.run(run(args))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2, default=str))

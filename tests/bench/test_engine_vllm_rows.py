@@ -307,12 +307,20 @@ def test_a_one_step_run_is_a_column_of_its_one_step_rows_not_the_defaults(
 @pytest.mark.unit
 def test_a_run_of_the_auto_default_is_the_defaults_column_and_says_auto(tmp_path: Path) -> None:
     """one_step_reads defaults to "auto" since 2026-12-06 (false before: the runs of
-    then are the defaults' columns too); `true` is a chosen setting, not the defaults."""
+    then are the defaults' columns too, unless an auto run stands beside them); `true` is
+    a chosen setting, not the defaults."""
     auto = card_run(tmp_path, "auto", True, 1.0, one_step_reads="auto")
     always = card_run(tmp_path, "always", True, 1.5, one_step_reads=True)
     md = card_rows.render_scheduling([always, auto])
     header = next(line for line in md.splitlines() if line.startswith("| batch"))
     assert "| async, canvas 64, one-step reads | async, canvas 64, one-step reads auto |" in header
+    row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "figure" not in cells[3]
+    assert cells[4].startswith("<!-- figure: defaults_shared_b256_x2 -->1024.0")
+    # Beside auto, a run with one_step_reads false (the default before) is a chosen one.
+    off = card_run(tmp_path, "off", True, 2.0, one_step_reads=False)
+    md = card_rows.render_scheduling([off, auto])
     row = next(line for line in md.splitlines() if line.startswith("| 256 | shared | 2 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert "figure" not in cells[3]

@@ -298,6 +298,22 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "docs/data/card24/one_step/card_osd_defaults.json "
         "docs/data/card24/one_step/card_one_step_fix.json --date DATE",
     ),
+    # The default since 2026-12-06 (one_step_reads auto: one step while no request waits)
+    # against the default before it (false), one session, at the worker's depths and
+    # beyond; batch 32 too, between the lone read and the backlog.
+    "card24-auto": (
+        "The auto default against two steps always: two engine starts on the emulated card",
+        "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        'PYTEST_K="not one_step" bash bench/gpu/vllm_session.sh tests   # the answers, auto\n'
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card two_steps --in-flight 1,2,4 "
+        "--one-step-reads false\n"
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card auto --in-flight 1,2,4\n"
+        "# here: this section (two steps' run is the baseline of the ratios)\n"
+        "python bench/engine_gpu.py --section card24-auto --render-scheduling "
+        "docs/data/card24/auto/card_two_steps.json docs/data/card24/auto/card_auto.json "
+        "--date DATE",
+    ),
 }
 
 
@@ -344,6 +360,13 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
     ]
 
     # The product's defaults' column: its figures are the ones other pages quote.
+    # one_step_reads defaulted to false until 2026-12-06 and to "auto" since: a session
+    # with an "auto" run made it after the change, and its false run is a chosen setting.
+    one_step_default = (
+        "auto"
+        if any(b["info"]["settings"].get("one_step_reads") == "auto" for b in runs)
+        else False
+    )
     defaults = next(
         (
             i
@@ -352,8 +375,7 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
             and b["info"]["settings"].get("read_path", "dgstream") == "dgstream"
             and b["info"]["settings"].get("gpu_memory_utilization", DEFAULT_UTILIZATION)
             == DEFAULT_UTILIZATION
-            # The default: false until 2026-12-06 (every run before then), "auto" since.
-            and b["info"]["settings"].get("one_step_reads") in (None, False, "auto")
+            and (b["info"]["settings"].get("one_step_reads") or False) == one_step_default
         ),
         None,
     )
