@@ -328,29 +328,6 @@ def test_a_run_of_the_auto_default_is_the_defaults_column_and_says_auto(tmp_path
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(
-    ("argv", "value"),
-    [
-        ([], None),  # the settings' own default
-        (["--one-step-reads"], True),
-        (["--one-step-reads", "false"], False),
-        (["--one-step-reads", "auto"], "auto"),
-    ],
-)
-def test_the_card_bench_takes_one_step_reads_as_the_settings_do(
-    argv: list[str], value: bool | str | None
-) -> None:
-    from bench.engine_vllm import ONE_STEP_CHOICES, add_arguments
-
-    ap = argparse.ArgumentParser()
-    add_arguments(ap)
-    given = ap.parse_args(argv).one_step_reads
-    assert (ONE_STEP_CHOICES[given] if given else None) == value
-    with pytest.raises(SystemExit):
-        ap.parse_args(["--one-step-reads", "sometimes"])
-
-
-@pytest.mark.unit
 def test_a_run_at_another_share_is_not_the_defaults_column(tmp_path: Path) -> None:
     lower = card_run(tmp_path, "lower", True, 1.0)
     body = json.loads(lower.read_text())

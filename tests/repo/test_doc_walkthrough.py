@@ -166,7 +166,12 @@ class Walk:
             assert t1.proc.poll() is None, f"dgstream run exited:\n{t1.text()[-3000:]}"
             return matches(shown.text, self.as_page(t1.text())) is None
 
-        wait_for(there, 420, f"what {shown.where} shows", every_s=1.0)
+        try:
+            wait_for(there, 420, f"what {shown.where} shows", every_s=1.0)
+        except pytest.fail.Exception:
+            # What it did show, for the report (a timeout says nothing of where it stopped).
+            print(f"terminal 1 so far:\n{t1.text()[-3000:]}")
+            raise
 
     def transcript(self, block: Block) -> None:
         _, commands = transcript(block.text)
