@@ -532,6 +532,7 @@ def test_a_run_writes_every_row_against_a_stand_in_server(
     (tmp_path / "card" / "card-7.json").write_text('{"pid": 7, "peak_reserved_gib": 20.5}')
     out = tmp_path / "peer.json"
     argv = ["--out", str(out), "--batches", "1,2", "--row-seconds", "20"]
+    argv += ["--workdir", str(tmp_path / "work")]  # else a directory of its own under /tmp
     result = peer.run(peer.parse_args(argv), lambda quant, root: model_dir)
     body = json.loads(out.read_text())
     assert body["complete"] is result["complete"] is True

@@ -31,15 +31,16 @@ CORE = ("core_receive", "core_send")
 
 
 class FrontEnd:
-    """One front end's vLLM objects over a CPU config of the served shape."""
+    """One front end's vLLM objects over a CPU config of the served shape (its model's
+    config written into `model_dir`)."""
 
-    def __init__(self, batch: int) -> None:
+    def __init__(self, batch: int, model_dir: Path) -> None:
         from vllm.v1.engine import EngineCoreOutputs, EngineCoreRequest
         from vllm.v1.engine.input_processor import InputProcessor
         from vllm.v1.engine.output_processor import OutputProcessor
         from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-        model = write_model_dir(Path(tempfile.mkdtemp(prefix="dgfront-")), VOCAB)
+        model = write_model_dir(model_dir, VOCAB)
         self.settings = VllmSettings(model=str(model), skip_tokenizer_init=True)
         config = vllm_config(model, budget=BUDGET, seqs=batch)
         self.inputs = InputProcessor(config)
@@ -123,17 +124,19 @@ def frontend_cost(batch: int, kind: str, rounds: int, warm: int = 2) -> dict[str
     """µs per read in each phase (medians over `rounds` batches after `warm`), with
     `front` and `core` their sums: batches of `batch` reads of the card runs' shape
     (`kind` "shared": one prompt and question set, "unique": each its own prompt)."""
-    fe = FrontEnd(batch)
     rng = random.Random(0)
     runs: list[dict[str, float]] = []
-    for r in range(warm + rounds):
-        # "shared": the whole prompt is the shared prefix, one prompt for every read.
-        reads = make_reads(batch, PROMPT, WIDTH, PROMPT if kind == "shared" else 0, VOCAB, rng)
-        t, results = fe.serve(str(r), reads)
-        if len(results) != batch:
-            raise RuntimeError(f"{len(results)} of {batch} reads came back")
-        if r >= warm:
-            runs.append({k: v / batch * 1e6 for k, v in t.items()})
+    with tempfile.TemporaryDirectory(prefix="dgfront-") as model_dir:
+        fe = FrontEnd(batch, Path(model_dir))
+        for r in range(warm + rounds):
+            # "shared": the whole prompt is the shared prefix, one prompt for every read.
+            shared = PROMPT if kind == "shared" else 0
+            reads = make_reads(batch, PROMPT, WIDTH, shared, VOCAB, rng)
+            t, results = fe.serve(str(r), reads)
+            if len(results) != batch:
+                raise RuntimeError(f"{len(results)} of {batch} reads came back")
+            if r >= warm:
+                runs.append({k: v / batch * 1e6 for k, v in t.items()})
     got = {k: statistics.median(run[k] for run in runs) for k in (*FRONT, *CORE)}
     got["front"] = statistics.median(sum(run[k] for k in FRONT) for run in runs)
     got["core"] = statistics.median(sum(run[k] for k in CORE) for run in runs)

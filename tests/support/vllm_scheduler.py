@@ -167,6 +167,34 @@ def finish(sched: Any, out: Any, canvases: dict[str, list[int]]) -> dict[str, An
     return {o.request_id: o for outs in done.values() for o in outs.outputs}
 
 
+def drain(sched: Any) -> tuple[int, float, float]:
+    """Serve every request the scheduler holds as the engine core does under async
+    scheduling (the next step scheduled while the last runs, two in flight), the runner's
+    output made up (a canvas for each read whose canvas ran): (steps, seconds in
+    `schedule()`, seconds in `update_from_output()`). Raises if requests are left."""
+    in_flight: deque[Any] = deque()
+    steps = 0
+    t_sched = t_update = 0.0
+    while True:
+        if len(in_flight) < 2 and sched.has_requests():
+            t0 = time.perf_counter()
+            out = sched.schedule()
+            t_sched += time.perf_counter() - t0
+            if out.total_num_scheduled_tokens:
+                in_flight.append(out)
+                steps += 1
+                continue
+        if not in_flight:
+            if sched.has_requests():
+                raise RuntimeError("reads left unscheduled")
+            return steps, t_sched, t_update
+        out = in_flight.popleft()
+        made = {rid: [7] * WIDTH for rid in out.scheduled_spec_decode_tokens}
+        t0 = time.perf_counter()
+        finish(sched, out, made)
+        t_update += time.perf_counter() - t0
+
+
 # --- the scheduler's host work per read ---------------------------------------------------
 
 PROMPT = 256  # the card runs' prompts (tokens)
@@ -218,33 +246,13 @@ def host_cost(
             shared if kind == "shared" else rng.choices(range(1, 900), k=PROMPT)
             for _ in range(batch)
         ]
-        t_sched = t_update = 0.0
-        n = 0
         # Admission as the engine core does it: the request (its prompt's block hashes
         # with it), then into the scheduler's queue.
         t0 = time.perf_counter()
         for i, prompt in enumerate(prompts):
             sched.add_request(request(s, f"{r}-{i}", prompt, params))
         t_admit = time.perf_counter() - t0
-        in_flight: deque[Any] = deque()
-        while True:
-            if len(in_flight) < 2 and (sched.waiting or sched.running):
-                t0 = time.perf_counter()
-                out = sched.schedule()
-                t_sched += time.perf_counter() - t0
-                if out.total_num_scheduled_tokens:
-                    in_flight.append(out)
-                    n += 1
-                    continue
-            if not in_flight:
-                break
-            out = in_flight.popleft()
-            made = {rid: [7] * WIDTH for rid in out.scheduled_spec_decode_tokens}
-            t0 = time.perf_counter()
-            finish(sched, out, made)
-            t_update += time.perf_counter() - t0
-        if sched.waiting or sched.running:
-            raise RuntimeError(f"{mode} {kind}: reads left unscheduled")
+        n, t_sched, t_update = drain(sched)
         if r >= warm:
             admit_us.append(t_admit / batch * 1e6)
             sched_us.append(t_sched / batch * 1e6)
@@ -285,21 +293,7 @@ def burst(
     for i in range(batches * batch):
         tail = rng.choices(range(300, 900), k=PROMPT - prefix)
         sched.add_request(request(s, f"r{i}", shared + tail, params))
-    in_flight: deque[Any] = deque()
-    steps = 0
-    while True:
-        if len(in_flight) < 2 and sched.has_requests():
-            out = sched.schedule()
-            if out.total_num_scheduled_tokens:
-                in_flight.append(out)
-                steps += 1
-                continue
-        if not in_flight:
-            if sched.has_requests():
-                raise RuntimeError("reads left unscheduled")
-            break
-        out = in_flight.popleft()
-        finish(sched, out, {rid: [7] * WIDTH for rid in out.scheduled_spec_decode_tokens})
+    steps = drain(sched)[0]
     return {"steps": steps, "fused": sched.fused_reads}
 
 
@@ -309,6 +303,7 @@ __all__ = [
     "PROMPT",
     "WIDTH",
     "burst",
+    "drain",
     "finish",
     "host_cost",
     "read_extra",

@@ -48,7 +48,7 @@ def test_the_scheduler_host_bench_serves_every_read_in_the_steps_its_mode_takes(
     assert got["total"] == pytest.approx(got["admit"] + got["schedule"] + got["update"], rel=0.2)
 
 
-def test_the_front_end_bench_reads_every_answer_through_vllms_processors() -> None:
+def test_the_front_end_bench_reads_every_answer_through_vllms_processors(tmp_path: Path) -> None:
     """bench/engine_host.py's front end (tests/support/vllm_frontend.py) from a clean
     checkout: each read's request through vLLM's input processor, its output back through
     the messages and the output processor, and the engine's `parse_output` reading each
@@ -57,7 +57,7 @@ def test_the_front_end_bench_reads_every_answer_through_vllms_processors() -> No
     from support.vllm_frontend import CORE, FRONT, VOCAB, FrontEnd
 
     reads = make_reads(8, PROMPT, WIDTH, 0, VOCAB, random.Random(1))
-    took, results = FrontEnd(8).serve("t", reads)
+    took, results = FrontEnd(8, tmp_path).serve("t", reads)
     assert set(took) == {*FRONT, *CORE} and min(took.values()) > 0
     assert len(results) == len(reads)
     for read, result in zip(reads, results, strict=True):
