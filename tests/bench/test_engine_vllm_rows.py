@@ -166,6 +166,29 @@ def test_a_run_label_names_the_kernels_it_chose(kernels: dict[str, Any], label: 
 
 
 @pytest.mark.unit
+def test_two_steps_are_named_where_auto_was_the_default(tmp_path: Path) -> None:
+    two = card_run(tmp_path, "two_steps", True, 1.0, one_step_reads=False)
+    auto = card_run(tmp_path, "auto", True, 1.1, one_step_reads="auto")
+    stock = card_run(tmp_path, "stock", True, 0.5, one_step_reads="auto", read_path="stock")
+    header = next(
+        line
+        for line in card_rows.render_scheduling([two, auto, stock]).splitlines()
+        if line.startswith("| batch")
+    )
+    cols = [c.strip() for c in header.split("|")[4:-1]]
+    # The chosen two steps say so; auto is the defaults' column; vLLM's own path has no
+    # one-step reads to name, whatever its settings held.
+    assert cols[:3] == [
+        "async, canvas 64, two steps (one-step reads false)",
+        "async, canvas 64, one-step reads auto",
+        "vLLM's own read path, async, canvas 64",
+    ]
+    # Before auto was the default, false was it: such a session's label names nothing.
+    before = card_rows.render_scheduling([two])
+    assert "two steps" not in before and "| async, canvas 64 |" in before
+
+
+@pytest.mark.unit
 def test_a_run_with_chosen_kernels_is_not_the_defaults_column(tmp_path: Path) -> None:
     # Same scheduling and canvas as the defaults, but Marlin forced: its column must not
     # mark the figures the README quotes; the run with vLLM's own choice does.

@@ -236,9 +236,10 @@ def scheduling_name(settings: dict[str, Any]) -> str:
     return names[settings["async_scheduling"]]
 
 
-def run_label(info: dict[str, Any]) -> str:
+def run_label(info: dict[str, Any], one_step_default: str | bool = False) -> str:
     """A card run's engine settings in a few words: scheduling, the served canvas and, when
-    chosen, vLLM's kernels (runs before the setting existed chose none)."""
+    chosen, vLLM's kernels (runs before the setting existed chose none). `one_step_default`:
+    one_step_reads' default when the run was made (`render_scheduling` says which)."""
     s = info["settings"]
     label = f"{scheduling_name(s)}, canvas {s['canvas_length']}"
     if s.get("read_path") == "stock":
@@ -248,10 +249,15 @@ def run_label(info: dict[str, Any]) -> str:
         label += ", " + "/".join(sorted(kernels)) + " kernels"
     if s.get("cudagraph_mode"):
         label += f", {s['cudagraph_mode']} graphs"
-    if s.get("one_step_reads") is True:
+    # vLLM's own read path has no one-step reads, whatever the setting said; two steps are
+    # named only where they were chosen against the default of the run's day.
+    one_step = s.get("one_step_reads") if s.get("read_path") != "stock" else None
+    if one_step is True:
         label += ", one-step reads"
-    elif s.get("one_step_reads") == "auto":
+    elif one_step == "auto":
         label += ", one-step reads auto"
+    elif one_step is False and one_step_default is not False:
+        label += ", two steps (one-step reads false)"
     share = s.get("gpu_memory_utilization")
     if share is not None and share != DEFAULT_UTILIZATION:
         label += f", gpu_memory_utilization {share}"
@@ -309,6 +315,10 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card two_steps --in-flight 1,2,4 "
         "--one-step-reads false\n"
         "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card auto --in-flight 1,2,4\n"
+        "# the same session, for the peer's table (section peer-auto):\n"
+        "bash bench/gpu/peer_session.sh --max-model-len 4096\n"
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card stock --read-path stock "
+        "--served-canvas 16 --max-model-len 4096\n"
         "# here: this section (two steps' run is the baseline of the ratios)\n"
         "python bench/engine_gpu.py --section card24-auto --render-scheduling "
         "docs/data/card24/auto/card_two_steps.json docs/data/card24/auto/card_auto.json "
@@ -337,7 +347,14 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
     keys = sorted(
         {k for rows in keyed for k in rows}, key=lambda k: (k[0], k[1] != "vllm/unique", k[2])
     )
-    labels = [run_label(b["info"]) for b in runs]
+    # one_step_reads defaulted to false until 2026-12-06 and to "auto" since: a session
+    # with an "auto" run made it after the change, and its false run is a chosen setting.
+    one_step_default: str | bool = (
+        "auto"
+        if any(b["info"]["settings"].get("one_step_reads") == "auto" for b in runs)
+        else False
+    )
+    labels = [run_label(b["info"], one_step_default) for b in runs]
     # Sessions ran on H200s and on H100s: a session's figures are its GPU's.
     gpus = {b["info"].get("gpu") for b in runs}
     on_gpu = f" on one {gpus.pop()}" if len(gpus) == 1 and None not in gpus else ""
@@ -360,13 +377,6 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
     ]
 
     # The product's defaults' column: its figures are the ones other pages quote.
-    # one_step_reads defaulted to false until 2026-12-06 and to "auto" since: a session
-    # with an "auto" run made it after the change, and its false run is a chosen setting.
-    one_step_default = (
-        "auto"
-        if any(b["info"]["settings"].get("one_step_reads") == "auto" for b in runs)
-        else False
-    )
     defaults = next(
         (
             i

@@ -198,11 +198,14 @@ class VllmSettings(BaseModel):
     # takes one step, and settings without them are refused, by name. "auto" (the
     # default): one step where the settings allow it (two where not, and the engine's
     # start log says why) and only in steps that leave no request waiting, so a
-    # backlogged engine reads in two steps. On an H200 as the 24 GB card (2026-12-06, one
-    # engine), a lone read took 23.2 ms p50 on a unique prompt and 18.7 on one question
-    # set in one step against 32.5 and 27.0 in two; at batch 256 on one question set two
-    # steps read 1.05-1.17x as fast as one; unique prompts at batch 256 read the same
-    # either way; the demo model answers as in two steps. false: vLLM's two steps always.
+    # backlogged engine reads in two steps. On an H200 as the 24 GB card (2026-12-06, an
+    # engine start each, docs/benchmarks.md section card24-auto), auto took a lone read in
+    # 21.6 ms p50 on a unique prompt and 17.7 on one question set against 26.3 and 21.6
+    # with false, and read batch 256 on one question set at 0.93x / 1.00x / 0.99x false's
+    # rate with 1 / 2 / 4 batches in flight (1,030 reads/s at two, as the worker keeps
+    # them); unique prompts read alike; the demo model answers as in two steps. true:
+    # fuses under a backlog too (at batch 256 on one question set, 0.86-0.96x two steps).
+    # false: vLLM's two steps always.
     one_step_reads: bool | Literal["auto"] = "auto"
 
     @model_validator(mode="after")
