@@ -11,6 +11,7 @@ read from its code, is in docs/vllm.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -858,8 +859,24 @@ class VllmEngine:
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
-        if engine is not None:
-            await asyncio.to_thread(engine.shutdown)
+        if engine is None:
+            return
+        # vLLM's shutdown stops its engine core before it cancels its output handler, and
+        # run off the loop (it blocks for seconds) it lets the handler see the core go:
+        # the handler then logs "AsyncLLM output_handler failed" with an EngineDeadError
+        # traceback at ERROR on a clean close (in the GPU card runs' logs). That
+        # error is how vLLM fails reads still in flight, so the handler goes first only
+        # when none is.
+        handler = getattr(engine, "output_handler", None)
+        if (
+            handler is not None
+            and not handler.done()
+            and not engine.output_processor.has_unfinished_requests()
+        ):
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await handler
+        await asyncio.to_thread(engine.shutdown)
 
 
 def _classify_vllm_error(exc: BaseException) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -852,3 +853,92 @@ def test_a_shared_label_set_leaves_every_slot_distribution_unchanged() -> None:
     wide = parse_output(read, output(logprob_ids(read, tuple(shared))), constrained=True)
     for a, b in zip(own.slots, wide.slots, strict=True):
         np.testing.assert_allclose(a.probs, b.probs, rtol=1e-9, atol=1e-12)
+
+
+class _CoreClient:
+    """The engine-core client as vLLM's output handler and shutdown use it: outputs that
+    never come, and a shutdown that takes the core away (its socket then says the engine
+    is dead) and, as the real one does while its process ends, takes a while."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.outputs: asyncio.Future[Any] = loop.create_future()
+        self.handler_ended = threading.Event()
+
+    async def get_output_async(self) -> Any:
+        return await self.outputs
+
+    def _die(self) -> None:
+        if not self.outputs.done():
+            self.outputs.set_exception(EngineDeadError())
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        if self.loop.is_closed():
+            return  # AsyncLLM.__del__ after the test
+        self.loop.call_soon_threadsafe(self._die)
+        self.handler_ended.wait(5)  # the process's end: the handler runs meanwhile
+
+
+class _Outputs:
+    def __init__(self, unfinished: bool) -> None:
+        self.unfinished = unfinished
+        self.errors: list[BaseException] = []
+
+    def has_unfinished_requests(self) -> bool:
+        return self.unfinished
+
+    def propagate_error(self, exc: BaseException) -> None:
+        self.errors.append(exc)  # how vLLM fails the reads in flight
+
+
+def _close_real_async_llm(unfinished: bool) -> tuple[list[str], _Outputs]:
+    """`VllmEngine.close` over vLLM's own AsyncLLM.shutdown and output handler (the
+    engine-core process stood in for): the ERROR lines vLLM logged, and its outputs."""
+    from vllm.v1.engine import async_llm
+
+    lines: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                lines.append(record.getMessage())
+
+    catch = Catch()
+    async_llm.logger.addHandler(catch)
+    outputs = _Outputs(unfinished)
+
+    async def scenario() -> None:
+        llm = object.__new__(async_llm.AsyncLLM)  # no engine-core process on a CPU
+        core = _CoreClient(asyncio.get_running_loop())
+        llm.engine_core, llm.output_processor, llm.output_handler = core, outputs, None
+        llm.log_stats, llm.logger_manager = False, None
+        llm.renderer = SimpleNamespace(
+            mm_processor_cache=None, shutdown=lambda: None, stat_mm_cache=lambda: None
+        )
+        llm._run_output_handler()
+        llm.output_handler.add_done_callback(lambda _: core.handler_ended.set())
+        await asyncio.sleep(0)  # the handler waits on the core, as after a first read
+        engine = VllmEngine(VllmSettings(model="unused"))
+        engine._engine = llm
+        await engine.close()
+        assert llm.output_handler.done()  # cancelled, or ended on the dead engine
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        async_llm.logger.removeHandler(catch)
+    return lines, outputs
+
+
+def test_a_clean_close_logs_no_dead_engine_error() -> None:
+    lines, outputs = _close_real_async_llm(unfinished=False)
+    assert not [line for line in lines if "output_handler failed" in line], lines
+    assert outputs.errors == []
+
+
+def test_a_close_with_reads_in_flight_still_fails_them() -> None:
+    # vLLM's order is kept: its output handler hands the dead engine to the reads in
+    # flight (and says so at ERROR), where cancelling it first would leave them waiting.
+    lines, outputs = _close_real_async_llm(unfinished=True)
+    assert [type(e) for e in outputs.errors] == [EngineDeadError]
+    assert any("output_handler failed" in line for line in lines)
