@@ -50,12 +50,9 @@ class ReadPathOptions(BaseModel):
     # scheduling and vLLM's TRITON_ATTN backend (its bidirectional-range mask), and not
     # FULL CUDA graphs (a range is a per-step tensor, which a FULL graph would not see).
     one_step: bool = False
-    # With one_step: fuse only in steps that leave no request waiting. Under a backlog the
-    # reads take vLLM's two steps, which read faster there: on the emulated 24 GB card
-    # (2026-12-06, one engine, batch 256 on one question set) two steps read 1.05-1.17x
-    # as fast as always fusing, while one step read a lone read 1.3-1.6x as fast as two
-    # (docs/benchmarks.md, section card24-one-step-fix); with this option on, batch 256
-    # read at 0.93-1.00x two steps' rate and a lone read 1.22x (section card24-auto).
+    # With one_step: fuse only in steps that leave no request waiting (one_step_reads
+    # "auto"): a backlog reads at least as fast in vLLM's two steps, a lone read faster in
+    # one (the figures: VllmSettings.one_step_reads).
     one_step_idle_only: bool = False
 
     @classmethod
