@@ -194,12 +194,12 @@ class VllmSettings(BaseModel):
     logits_tile_mib: int = Field(default=256, ge=16, le=16_384)
     # One-step reads: a read's canvas runs in the step that finishes its prompt, one
     # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). They need
-    # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN, a
-    # cudagraph_mode other than FULL and tensor_parallel_size 1. true: every read that can
-    # takes one step, and settings without them are refused, by name. "auto" (the
-    # default): one step where the settings allow it (two where not, and the engine's
-    # start log says why) and only in steps that leave no request waiting, so a
-    # backlogged engine reads in two steps. On an H200 as the 24 GB card (2026-12-06, an
+    # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN and
+    # tensor_parallel_size 1 (any cudagraph_mode). true: every read that can takes one
+    # step, and settings without them are refused, by name. "auto" (the default): one
+    # step where the settings allow it (two where not, and the engine's start log says
+    # why) and only in steps that leave no request waiting, so a backlogged engine reads
+    # in two steps. On an H200 as the 24 GB card (2026-12-06, an
     # engine start each, docs/benchmarks.md section card24-auto), auto took a lone read in
     # 21.6 ms p50 on a unique prompt and 17.7 on one question set against 26.3 and 21.6
     # with false, and read batch 256 on one question set at 0.93x / 1.00x / 0.99x false's
@@ -238,8 +238,6 @@ class VllmSettings(BaseModel):
             clashes.append(f"async_scheduling {self.async_scheduling} (needs true)")
         if self.attention_backend != "TRITON_ATTN":
             clashes.append(f"attention_backend {self.attention_backend!r} (needs TRITON_ATTN)")
-        if self.cudagraph_mode == "FULL":
-            clashes.append("cudagraph_mode 'FULL' (its graphs would not see the canvas mask)")
         if self.tensor_parallel_size != 1:
             clashes.append(
                 f"tensor_parallel_size {self.tensor_parallel_size} (the read path serves one GPU)"
@@ -466,12 +464,13 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         stock_utilization(settings, seqs) if path == "stock" else settings.gpu_memory_utilization
     )
     check_full_graphs(settings, utilization)
+    one_step = settings.one_step_resolved(path)[0]
     options = ReadPathOptions(
         enabled=path == "dgstream",
         logits_tile_mib=settings.logits_tile_mib,
         max_num_seqs=seqs,
-        one_step=settings.one_step_resolved(path)[0],
-        one_step_idle_only=settings.one_step_reads == "auto",
+        one_step=one_step,
+        one_step_idle_only=one_step and settings.one_step_reads == "auto",
     )
     args: dict[str, Any] = {
         "model": settings.model,

@@ -317,20 +317,25 @@ def test_cuda_graphs_answer_as_eager(
         loop.run_until_complete(engine.close())
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["graphs", "eager"])
+@pytest.mark.parametrize("graphs", ["default", "eager", "full"], ids=["graphs", "eager", "full"])
 def test_one_step_reads_answer_as_two_steps(
     loop: asyncio.AbstractEventLoop,
     requests: list[Any],
-    eager: bool,
+    graphs: str,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """One-step reads (a read's prompt and canvas in one forward pass) against the same
     engine's reads opting out (vLLM's two steps, which the tests above hold to vLLM's own
     path and to eager): every answer the same, every probability within 0.01. The engine
-    core's log shows that reads did run in one step (else this compares two with two)."""
+    core's log shows that reads did run in one step (else this compares two with two).
+    Run with vLLM's default graphs (a fused step runs piecewise), eager, and FULL graphs
+    (every step one graph, its ranges read from one persistent buffer)."""
     chat = _chat()
-    name = "one_step_" + ("eager" if eager else "graphs")
-    engine, start_s = _start(loop, enforce_eager=eager, one_step_reads=True)
+    name = "one_step_" + ("graphs" if graphs == "default" else graphs)
+    mode = "FULL" if graphs == "full" else None
+    engine, start_s = _start(
+        loop, enforce_eager=graphs == "eager", one_step_reads=True, cudagraph_mode=mode
+    )
     try:
         one = Classifier(engine, chat, ClassifierSettings(seed=0))
         two = Classifier(engine.sibling(two_step=True), chat, ClassifierSettings(seed=0))

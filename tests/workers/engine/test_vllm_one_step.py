@@ -218,7 +218,6 @@ def test_a_prompt_longer_than_the_budget_takes_two_steps(model_dir: Path) -> Non
         ({"async_scheduling": False}, "async_scheduling False"),
         ({"async_scheduling": None}, "async_scheduling None"),
         ({"attention_backend": "FLASH_ATTN"}, "attention_backend 'FLASH_ATTN'"),
-        ({"cudagraph_mode": "FULL"}, "cudagraph_mode 'FULL'"),
         ({"tensor_parallel_size": 2}, "tensor_parallel_size 2"),
     ],
 )
@@ -242,7 +241,7 @@ def test_one_step_reads_refuse_settings_they_cannot_run_with(
         ("auto", None, True, True),
         (True, None, True, False),
         (False, None, False, False),
-        ("auto", "stock", False, True),  # the engine fell back to vLLM's own path (no plugin)
+        ("auto", "stock", False, False),  # the engine fell back to vLLM's own path (no plugin)
         (True, "stock", False, False),
     ],
 )
@@ -293,7 +292,7 @@ def test_the_config_hook_installs_the_scheduler_only_where_it_can_run(model_dir:
     assert "scheduler class" in str(one_step_refusal(config(scheduler_cls="x.Y")))
     full = config()
     full.compilation_config.cudagraph_mode = CUDAGraphMode.FULL
-    assert "FULL" in str(one_step_refusal(full))
+    assert one_step_refusal(full) is None  # FULL graphs read the ranges from one buffer
     other = config()
     other.attention_config.backend = type("B", (), {"name": "FLASH_ATTN"})()
     assert "FLASH_ATTN" in str(one_step_refusal(other))
@@ -332,6 +331,7 @@ def _attn_state(monkeypatch: pytest.MonkeyPatch, metadata: dict[str, Any]) -> An
     monkeypatch.setattr(dg.DiffusionGemmaModelState, "prepare_attn", lambda *a, **k: metadata)
     state = object.__new__(DgModelState)
     state.one_step = True
+    state._graph_ranges = None  # what __init__ sets, which needs a vLLM config
     return state
 
 
@@ -349,7 +349,7 @@ def _attn_batch(prefilling: list[bool], rows: list[int], prompts: list[int]) -> 
     )
 
 
-def test_every_piecewise_step_gets_the_ranges_and_a_full_graph_none(
+def test_every_piecewise_step_gets_the_ranges_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from vllm.config.compilation import CUDAGraphMode
@@ -360,20 +360,49 @@ def test_every_piecewise_step_gets_the_ranges_and_a_full_graph_none(
     out = state.prepare_attn(fused, CUDAGraphMode.PIECEWISE, None, None, None, None)
     for md in out.values():
         assert md.mm_prefix_range_tensor.tolist() == [[[0, 0]], [[30, 30 + WIDTH - 1]]]
+    first = out["l0"].mm_prefix_range_tensor
     # No read fused: the ranges all zero (the kernel's variant with ranges, compiled at
     # vLLM's warmup, and inert).
     plain = _attn_batch([False, True], [WIDTH, 0], [40, 30])
     out = state.prepare_attn(plain, CUDAGraphMode.NONE, None, None, None, None)
     assert not out["l2"].mm_prefix_range_tensor.any()
-    # A FULL graph: nothing attached for a uniform canvas step, a refusal for a fused one.
-    state = _attn_state(monkeypatch, {"l0": _Metadata()})
-    out = state.prepare_attn(plain, CUDAGraphMode.FULL, None, None, None, None)
-    assert out["l0"].mm_prefix_range_tensor is None
-    with pytest.raises(RuntimeError, match="FULL"):
-        state.prepare_attn(fused, CUDAGraphMode.FULL, None, None, None, None)
-    # Graph capture is vLLM's alone.
-    out = state.prepare_attn(fused, CUDAGraphMode.PIECEWISE, None, None, None, None, True)
-    assert out["l0"].mm_prefix_range_tensor is None
+    # A step's tensor is its own: the step before keeps its ranges (async scheduling
+    # prepares a step while the one before it runs).
+    assert first.tolist() == [[[0, 0]], [[30, 30 + WIDTH - 1]]]
+
+
+def test_full_graphs_read_the_ranges_from_one_buffer_written_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A FULL graph holds the address its kernel was captured with: the capture and every
+    replay get the same buffer, one row per seat (vLLM pads a FULL step's requests), the
+    capture's all zeros, each replay's this step's ranges and zeros past them."""
+    import torch
+    from vllm.config.compilation import CUDAGraphMode
+
+    seats = 6
+    state = _attn_state(monkeypatch, {"l0": _Metadata(), "l1": _Metadata()})
+    state.max_num_reqs = seats
+    fused = _attn_batch([False, True, True], [WIDTH, WIDTH, WIDTH], [40, 30, 9])
+    # vLLM prepares a FULL capture with mode NONE and for_capture (its dummy batch).
+    captured = state.prepare_attn(fused, CUDAGraphMode.NONE, None, None, None, None, True)
+    buffer = captured["l0"].mm_prefix_range_tensor
+    assert buffer.shape == (seats, 1, 2) and buffer.dtype == torch.int32
+    assert captured["l1"].mm_prefix_range_tensor is buffer
+    assert not buffer.any()
+    address = buffer.data_ptr()
+    out = state.prepare_attn(fused, CUDAGraphMode.FULL, None, None, None, None)
+    assert out["l0"].mm_prefix_range_tensor.data_ptr() == address
+    want = [[[0, 0]], [[30, 30 + WIDTH - 1]], [[9, 9 + WIDTH - 1]]] + [[[0, 0]]] * 3
+    assert buffer.tolist() == want
+    # A uniform canvas step after it: the same buffer, its old ranges gone.
+    plain = _attn_batch([False], [WIDTH], [40])
+    state.prepare_attn(plain, CUDAGraphMode.FULL, None, None, None, None)
+    assert buffer.data_ptr() == address and not buffer.any()
+    # A piecewise step in between leaves the graphs' buffer alone.
+    out = state.prepare_attn(fused, CUDAGraphMode.PIECEWISE, None, None, None, None)
+    assert out["l0"].mm_prefix_range_tensor.data_ptr() != address
+    assert not buffer.any()
 
 
 def test_one_step_reads_refuse_an_attention_backend_without_ranges(

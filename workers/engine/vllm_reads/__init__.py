@@ -76,10 +76,6 @@ def one_step_refusal(vllm_config: Any) -> str | None:
     parallel = getattr(vllm_config, "parallel_config", None)
     if getattr(parallel, "tensor_parallel_size", 1) != 1:
         return "tensor parallelism (the read path serves one GPU)"
-    compilation = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(compilation, "cudagraph_mode", None)
-    if mode is not None and getattr(mode, "name", str(mode)) == "FULL":
-        return "cudagraph_mode FULL (a FULL graph would not see the canvas's mask)"
     attention = getattr(vllm_config, "attention_config", None)
     backend = getattr(attention, "backend", None)
     name = getattr(backend, "name", backend)

@@ -32,7 +32,7 @@ from vllm.model_executor.models import diffusion_gemma as dg
 from workers.engine.vllm_reads.admission import Admissions
 from workers.engine.vllm_reads.options import ReadPathOptions
 from workers.engine.vllm_reads.plan import fused_ranges, fused_requests, spans
-from workers.engine.vllm_reads.rows import to_device
+from workers.engine.vllm_reads.rows import fill_device, to_device
 
 logger = init_logger(__name__)
 
@@ -110,6 +110,8 @@ class DgModelState(dg.DiffusionGemmaModelState):
         # One-step reads (`scheduler.DgOneStepScheduler`): this side lays their canvas
         # (admission), masks it (`prepare_attn`) and self-conditions only its rows.
         self.one_step = self.read_path and options.one_step
+        # FULL graphs' ranges (`prepare_attn`), made at the first FULL step or capture.
+        self._graph_ranges: torch.Tensor | None = None
         # Logit rows per request of the step being prepared (`prepare_inputs`).
         self._logit_rows = np.zeros(0, dtype=np.int64)
         self.admissions = Admissions(self.diffusion_states)
@@ -183,25 +185,30 @@ class DgModelState(dg.DiffusionGemmaModelState):
             for_capture=for_capture,
             ubatch_idx=ubatch_idx,
         )
-        if not self.one_step or for_capture:
+        if not self.one_step:
             return metadata
-        fused = fused_requests(input_batch)
-        if cudagraph_mode == dg.CUDAGraphMode.FULL:
-            if len(fused) == 0:
-                return metadata  # a uniform canvas step: its graph holds its attention
-            # The scheduler's config check keeps FULL mode away from one-step reads; a
-            # FULL graph replays without the range, and the canvas would read causally.
-            raise RuntimeError("dgstream one-step reads reached a FULL CUDA graph step")
-        # Every other step gets the ranges, zeros where no read is fused (inert: the mask
-        # takes a range only where start < end). The attention kernel is a variant of its
-        # own with ranges, and Triton compiles a variant the first time it runs: given on
-        # every step, vLLM's warmup compiles it. Given on fused steps only, the variants
-        # compiled while serving (vLLM's JIT monitor warned of kernel_unified_attention),
-        # and the rows with four batches in flight stalled: p99 2.3 s at batch 1 and
-        # 3.4 s at batch 256 on one question set (2026-12-05, H200; the fix is unmeasured).
         n = input_batch.num_reqs
-        ranges = fused_ranges(fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n)
-        tensor = to_device(ranges, input_batch.query_start_loc.device)
+        if for_capture or cudagraph_mode == dg.CUDAGraphMode.FULL:
+            # A FULL graph (vLLM prepares its capture with for_capture, its replays with
+            # mode FULL): the kernel it holds reads the ranges through the pointer it was
+            # captured with, so every FULL step writes them into one persistent buffer,
+            # one row per request the graph was captured for (vLLM pads a FULL step's
+            # requests up to max_num_seqs), zeros where no read is fused.
+            tensor = self._full_graph_ranges(input_batch, n, capture=for_capture)
+        else:
+            # Every other step gets the ranges, zeros where no read is fused (inert: the
+            # mask takes a range only where start < end). The attention kernel is a
+            # variant of its own with ranges, and Triton compiles a variant the first time
+            # it runs: given on every step, vLLM's warmup compiles it. Given on fused steps
+            # only, the variants compiled while serving (vLLM's JIT monitor warned of
+            # kernel_unified_attention), and the rows with four batches in flight stalled:
+            # p99 2.3 s at batch 1 and 3.4 s at batch 256 on one question set (2026-12-05,
+            # H200).
+            fused = fused_requests(input_batch)
+            ranges = fused_ranges(
+                fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n
+            )
+            tensor = to_device(ranges, input_batch.query_start_loc.device)
         for md in {id(m): m for m in metadata.values()}.values():
             if not hasattr(md, "mm_prefix_range_tensor"):
                 raise RuntimeError(
@@ -210,6 +217,25 @@ class DgModelState(dg.DiffusionGemmaModelState):
                 )
             md.mm_prefix_range_tensor = tensor
         return metadata
+
+    def _full_graph_ranges(self, input_batch: Any, n: int, *, capture: bool) -> torch.Tensor:
+        """The persistent [max_num_seqs, 1, 2] range buffer of FULL graphs, written in
+        place for this step (all zeros for a capture, whose batch is vLLM's dummy)."""
+        device = input_batch.query_start_loc.device
+        if self._graph_ranges is None:
+            # Made before the first capture (vLLM's profile and warmup run first) and kept
+            # for the engine's life: every FULL graph holds its address.
+            self._graph_ranges = torch.zeros(
+                (self.max_num_reqs, 1, 2), dtype=torch.int32, device=device
+            )
+        host = np.zeros(tuple(self._graph_ranges.shape), dtype=np.int32)
+        if not capture:
+            fused = fused_requests(input_batch)
+            host[:n] = fused_ranges(
+                fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n
+            )
+        fill_device(self._graph_ranges, host)
+        return self._graph_ranges
 
     def _reads_only(self, input_batch: Any) -> bool:
         """Whether every request that denoises this step is a single-step read (a step

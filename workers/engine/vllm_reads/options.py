@@ -47,8 +47,8 @@ class ReadPathOptions(BaseModel):
     max_num_seqs: int | None = Field(default=None, gt=0)
     # One-step reads: a seeded single-step read's canvas runs in the step that finishes its
     # prompt (`scheduler.DgOneStepScheduler`), one forward pass instead of two. Needs async
-    # scheduling and vLLM's TRITON_ATTN backend (its bidirectional-range mask), and not
-    # FULL CUDA graphs (a range is a per-step tensor, which a FULL graph would not see).
+    # scheduling and vLLM's TRITON_ATTN backend (its bidirectional-range mask); under FULL
+    # CUDA graphs the ranges go through one persistent buffer (`DgModelState.prepare_attn`).
     one_step: bool = False
     # With one_step: fuse only in steps that leave no request waiting (one_step_reads
     # "auto"): a backlog reads at least as fast in vLLM's two steps, a lone read faster in

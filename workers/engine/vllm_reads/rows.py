@@ -107,4 +107,22 @@ def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-__all__ = ["RowReads", "concat_rows", "label_rows", "scatter_groups", "to_device", "vocab_rows"]
+def fill_device(dst: torch.Tensor, host: np.ndarray) -> None:
+    """`host` written into `dst` in place (same shape), without waiting, as `to_device`:
+    for a buffer whose address a CUDA graph holds."""
+    t = torch.from_numpy(np.ascontiguousarray(host))
+    if dst.device.type == "cuda":
+        dst.copy_(t.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(t)
+
+
+__all__ = [
+    "RowReads",
+    "concat_rows",
+    "fill_device",
+    "label_rows",
+    "scatter_groups",
+    "to_device",
+    "vocab_rows",
+]
