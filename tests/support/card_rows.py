@@ -324,6 +324,24 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "docs/data/card24/auto/card_two_steps.json docs/data/card24/auto/card_auto.json "
         "--date DATE",
     ),
+    # FULL CUDA graphs with one-step reads (their ranges through one persistent buffer)
+    # against the defaults, one session; the peer and the pipeline in the same session.
+    "card24-full-one-step": (
+        "FULL graphs with one-step reads against the defaults: two engine starts on the card",
+        "bash bench/gpu/stage.sh bench/gpu/vllm-wheels.txt bench/gpu/pipeline-wheels.txt   "
+        "# here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        'PYTEST_K="one_step and full" bash bench/gpu/vllm_session.sh tests   # the answers\n'
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card full_one_step --in-flight 1,2 "
+        "--cudagraph-mode FULL --gpu-memory-utilization 0.86\n"
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card defaults --in-flight 1,2\n"
+        "# the same session, for the peer's table (section peer-full-one-step):\n"
+        "bash bench/gpu/peer_session.sh --max-model-len 4096\n"
+        "# here: this section (the defaults' run is the baseline of the ratios)\n"
+        "python bench/engine_gpu.py --section card24-full-one-step --render-scheduling "
+        "docs/data/card24/full_one_step/card_defaults.json "
+        "docs/data/card24/full_one_step/card_full_one_step.json --date DATE",
+    ),
 }
 
 

@@ -167,7 +167,11 @@ class VllmSettings(BaseModel):
     # at 0.98-1.03x and batch 32 at 0.90-1.04x, but its graphs need the card's room
     # outside gpu_memory_utilization (`check_full_graphs`: at most 0.87 of a 24 GB card),
     # which leaves the KV cache 23% fewer blocks (4,049 against 5,229) for long prompts
-    # under a backlog. So it stays a choice for latency-bound deployments, not the default.
+    # under a backlog. With one-step reads (their ranges through one persistent buffer),
+    # on an H100 as the card (2026-12-06, section card24-full-one-step), FULL took a lone
+    # read in 22.9 ms p50 unique / 15.9 shared against the defaults' 25.4 / 22.9 and
+    # read batch 256 at 0.96-1.00x. So it stays a choice for latency-bound deployments,
+    # not the default.
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] | None = None
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
