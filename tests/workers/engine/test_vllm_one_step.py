@@ -293,6 +293,9 @@ def test_the_config_hook_installs_the_scheduler_only_where_it_can_run(model_dir:
     full = config()
     full.compilation_config.cudagraph_mode = CUDAGraphMode.FULL
     assert one_step_refusal(full) is None  # FULL graphs read the ranges from one buffer
+    dbo = config()
+    dbo.parallel_config.enable_dbo = True
+    assert "micro-batching" in str(one_step_refusal(dbo))
     other = config()
     other.attention_config.backend = type("B", (), {"name": "FLASH_ATTN"})()
     assert "FLASH_ATTN" in str(one_step_refusal(other))

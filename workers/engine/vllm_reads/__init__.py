@@ -76,6 +76,10 @@ def one_step_refusal(vllm_config: Any) -> str | None:
     parallel = getattr(vllm_config, "parallel_config", None)
     if getattr(parallel, "tensor_parallel_size", 1) != 1:
         return "tensor parallelism (the read path serves one GPU)"
+    if getattr(parallel, "use_ubatching", False):
+        # Each micro-batch gets attention metadata of its own requests; the ranges are
+        # laid out for the whole step's.
+        return "micro-batching (enable_dbo / ubatch_size: the ranges are the whole step's)"
     attention = getattr(vllm_config, "attention_config", None)
     backend = getattr(attention, "backend", None)
     name = getattr(backend, "name", backend)
