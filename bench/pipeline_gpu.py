@@ -39,7 +39,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -240,19 +239,12 @@ def _keep_ray_logs(ray_tmp: Path) -> None:
 
 
 def _gpu_name() -> str:
-    """The GPU's name from nvidia-smi ("" without one): this process stays off CUDA, which
-    the worker actor owns."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
+    """The GPU's name from NVML ("" on the CPU), as the busy sampler reads it."""
+    gpu = _gpu_sampler()
+    if gpu is None:
         return ""
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+    gpu.close()
+    return str(gpu.name)
 
 
 def _gpu_sampler() -> Any:
@@ -332,7 +324,7 @@ def _collect(consumer: Any, want: set[str], timeout_s: float) -> dict[str, Any]:
     return {"results": results, "dead_letters": len(dead), "_last": last}
 
 
-def gpu_name(r: dict[str, Any], path: Path) -> str:
+def gpu_word(r: dict[str, Any], path: Path) -> str:
     """The run's GPU in a word ("H100"): its JSON's `gpu`, else the `gpu.txt` the session
     wrote beside it (nvidia-smi), else the H200 that every run before either had."""
     name = r.get("gpu") or ""
@@ -355,7 +347,7 @@ def render(path: Path, section: str = "", date: str = "") -> tuple[str, str]:
     r = json.loads(path.read_text())
     a = r["args"]
     full = bool(r.get("full_size"))
-    gpu = gpu_name(r, path)
+    gpu = gpu_word(r, path)
     runs = r.get("runs") or [
         {k: r[k] for k in ("answered", "dead_letters", "through_kafka_per_s", "ratio")}
         | {"pipeline": r["pipeline"], "gpu_busy_pct": None, "worker": r.get("worker", {})}

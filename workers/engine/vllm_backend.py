@@ -196,21 +196,19 @@ class VllmSettings(BaseModel):
     # The read path's bound on one tile of full-vocabulary rows (unconstrained reads and
     # vLLM's warmup); see `workers.engine.vllm_reads.options.ReadPathOptions`.
     logits_tile_mib: int = Field(default=256, ge=16, le=16_384)
-    # One-step reads: a read's canvas runs in the step that finishes its prompt, one
-    # forward pass instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). They need
-    # read_path "dgstream", async_scheduling on, attention_backend TRITON_ATTN and
-    # tensor_parallel_size 1 (any cudagraph_mode). true: every read that can takes one
-    # step, and settings without them are refused, by name. "auto" (the default): one
-    # step where the settings allow it (two where not, and the engine's start log says
-    # why) and only in steps that leave no request waiting, so a backlogged engine reads
-    # in two steps. On an H200 as the 24 GB card (2026-12-06, an
-    # engine start each, docs/benchmarks.md section card24-auto), auto took a lone read in
-    # 21.6 ms p50 on a unique prompt and 17.7 on one question set against 26.3 and 21.6
-    # with false, and read batch 256 on one question set at 0.93x / 1.00x / 0.99x false's
-    # rate with 1 / 2 / 4 batches in flight (1,030 reads/s at two, as the worker keeps
-    # them); unique prompts read alike; the demo model answers as in two steps. true:
-    # fuses under a backlog too (at batch 256 on one question set, 0.86-0.96x two steps).
-    # false: vLLM's two steps always.
+    # One-step reads: a read's canvas runs in the step that finishes its prompt, one forward pass
+    # instead of vLLM's two (`workers.engine.vllm_reads.scheduler`). They need read_path "dgstream",
+    # async_scheduling on, attention_backend TRITON_ATTN and tensor_parallel_size 1 (any
+    # cudagraph_mode). true: every read that can takes one step, and settings without them are
+    # refused, by name. "auto" (the default): one step where the settings allow it (two where not,
+    # and the engine's start log says why) and only in steps that leave no request waiting, so a
+    # backlogged engine reads in two steps. On an H200 as the 24 GB card (2026-12-06, an engine
+    # start each, docs/benchmarks.md section card24-auto), auto took a lone read in 21.6 ms p50 on a
+    # unique prompt and 17.7 on one question set against 26.3 and 21.6 with false, and read batch
+    # 256 on one question set at 0.93x / 1.00x / 0.99x false's rate with 1 / 2 / 4 batches in flight
+    # (1,030 reads/s at two, as the worker keeps them); unique prompts read alike; the demo model
+    # answers as in two steps. true: fuses under a backlog too (at batch 256 on one question set,
+    # 0.86-0.96x two steps). false: vLLM's two steps always.
     one_step_reads: bool | Literal["auto"] = "auto"
 
     @model_validator(mode="after")

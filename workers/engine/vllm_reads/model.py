@@ -188,27 +188,39 @@ class DgModelState(dg.DiffusionGemmaModelState):
         if not self.one_step:
             return metadata
         n = input_batch.num_reqs
+        device = input_batch.query_start_loc.device
+        # Every step gets the ranges, zeros where no read is fused (inert: the mask takes a
+        # range only where start < end). The attention kernel is a variant of its own with
+        # ranges, and Triton compiles a variant the first time it runs: given on every
+        # step, vLLM's warmup compiles it. Given on fused steps only, the variants compiled
+        # while serving (vLLM's JIT monitor warned of kernel_unified_attention), and the
+        # rows with four batches in flight stalled: p99 2.3 s at batch 1 and 3.4 s at
+        # batch 256 on one question set (2026-12-05, H200). A capture's batch is vLLM's
+        # dummy: all zeros.
+        ranges = (
+            np.zeros((n, 1, 2), dtype=np.int32)
+            if for_capture
+            else fused_ranges(
+                fused_requests(input_batch),
+                input_batch.cu_num_logits_np,
+                input_batch.prefill_len_np,
+                n,
+            )
+        )
         if for_capture or cudagraph_mode == dg.CUDAGraphMode.FULL:
             # A FULL graph (vLLM prepares its capture with for_capture, its replays with
             # mode FULL): the kernel it holds reads the ranges through the pointer it was
             # captured with, so every FULL step writes them into one persistent buffer,
             # one row per request the graph was captured for (vLLM pads a FULL step's
-            # requests up to max_num_seqs), zeros where no read is fused.
-            tensor = self._full_graph_ranges(input_batch, n, capture=for_capture)
+            # requests up to max_num_seqs), zeros past this step's.
+            tensor = self._graph_buffer(device)
+            host = np.zeros(tuple(tensor.shape), dtype=np.int32)
+            host[:n] = ranges
+            fill_device(tensor, host)
         else:
-            # Every other step gets the ranges, zeros where no read is fused (inert: the
-            # mask takes a range only where start < end). The attention kernel is a
-            # variant of its own with ranges, and Triton compiles a variant the first time
-            # it runs: given on every step, vLLM's warmup compiles it. Given on fused steps
-            # only, the variants compiled while serving (vLLM's JIT monitor warned of
-            # kernel_unified_attention), and the rows with four batches in flight stalled:
-            # p99 2.3 s at batch 1 and 3.4 s at batch 256 on one question set (2026-12-05,
-            # H200).
-            fused = fused_requests(input_batch)
-            ranges = fused_ranges(
-                fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n
-            )
-            tensor = to_device(ranges, input_batch.query_start_loc.device)
+            # A tensor of the step's own: async scheduling prepares a step while the one
+            # before it runs.
+            tensor = to_device(ranges, device)
         for md in {id(m): m for m in metadata.values()}.values():
             if not hasattr(md, "mm_prefix_range_tensor"):
                 raise RuntimeError(
@@ -218,23 +230,14 @@ class DgModelState(dg.DiffusionGemmaModelState):
             md.mm_prefix_range_tensor = tensor
         return metadata
 
-    def _full_graph_ranges(self, input_batch: Any, n: int, *, capture: bool) -> torch.Tensor:
-        """The persistent [max_num_seqs, 1, 2] range buffer of FULL graphs, written in
-        place for this step (all zeros for a capture, whose batch is vLLM's dummy)."""
-        device = input_batch.query_start_loc.device
+    def _graph_buffer(self, device: torch.device) -> torch.Tensor:
+        """The FULL graphs' [max_num_seqs, 1, 2] range buffer, made at the first FULL step
+        or capture (vLLM's profile and warmup run before its captures) and kept for the
+        engine's life: every FULL graph holds its address."""
         if self._graph_ranges is None:
-            # Made before the first capture (vLLM's profile and warmup run first) and kept
-            # for the engine's life: every FULL graph holds its address.
             self._graph_ranges = torch.zeros(
                 (self.max_num_reqs, 1, 2), dtype=torch.int32, device=device
             )
-        host = np.zeros(tuple(self._graph_ranges.shape), dtype=np.int32)
-        if not capture:
-            fused = fused_requests(input_batch)
-            host[:n] = fused_ranges(
-                fused, input_batch.cu_num_logits_np, input_batch.prefill_len_np, n
-            )
-        fill_device(self._graph_ranges, host)
         return self._graph_ranges
 
     def _reads_only(self, input_batch: Any) -> bool:

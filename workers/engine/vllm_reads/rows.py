@@ -101,20 +101,19 @@ def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     """A host array on `device` without waiting: a copy from pageable memory makes the host
     wait for the stream, one from pinned memory does not (torch's pinned-memory cache keeps
     the staging buffer alive until the copy is done)."""
-    t = torch.from_numpy(np.ascontiguousarray(host))
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+    return _staged(host, device).to(device, non_blocking=True)
 
 
 def fill_device(dst: torch.Tensor, host: np.ndarray) -> None:
     """`host` written into `dst` in place (same shape), without waiting, as `to_device`:
     for a buffer whose address a CUDA graph holds."""
+    dst.copy_(_staged(host, dst.device), non_blocking=True)
+
+
+def _staged(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`host` as a tensor to copy to `device` from: pinned where that is a GPU."""
     t = torch.from_numpy(np.ascontiguousarray(host))
-    if dst.device.type == "cuda":
-        dst.copy_(t.pin_memory(), non_blocking=True)
-    else:
-        dst.copy_(t)
+    return t.pin_memory() if device.type == "cuda" else t
 
 
 __all__ = [
