@@ -243,6 +243,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "moe_backend": args.moe_backend,
         "linear_backend": args.linear_backend,
         "cudagraph_mode": args.cudagraph_mode,
+        "full_graph_tokens": args.full_graph_tokens,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "one_step_reads": ONE_STEP_CHOICES[args.one_step_reads] if args.one_step_reads else None,
     }
@@ -373,6 +374,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         choices=["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"],
         default=None,
         help="vLLM's CUDA graph mode (default: vLLM's own)",
+    )
+    ap.add_argument(
+        "--full-graph-tokens",
+        type=int,
+        default=None,
+        help="VllmSettings.full_graph_tokens: mixed steps up to this many tokens in FULL "
+        "graphs (default: the settings' own)",
     )
     ap.add_argument(
         "--one-step-reads",

@@ -249,6 +249,8 @@ def run_label(info: dict[str, Any], one_step_default: str | bool = False) -> str
         label += ", " + "/".join(sorted(kernels)) + " kernels"
     if s.get("cudagraph_mode"):
         label += f", {s['cudagraph_mode']} graphs"
+    if s.get("full_graph_tokens"):
+        label += f", FULL graphs to {s['full_graph_tokens']} tokens"
     # vLLM's own read path has no one-step reads, whatever the setting said; two steps are
     # named only where they were chosen against the default of the run's day.
     one_step = s.get("one_step_reads") if s.get("read_path") != "stock" else None

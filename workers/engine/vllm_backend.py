@@ -173,6 +173,14 @@ class VllmSettings(BaseModel):
     # read batch 256 at 0.96-1.00x. So it stays a choice for latency-bound deployments,
     # not the default.
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE"] | None = None
+    # Steps of at most this many tokens that mix prompts and canvases (a one-step read's
+    # step always does) replay one FULL CUDA graph under vLLM's default graph mode, which
+    # runs them piecewise, their attention ops in Python between graph pieces
+    # (`workers.engine.vllm_reads.graphs`); larger steps stay piecewise, so the graphs'
+    # memory stays small, unlike cudagraph_mode "FULL". 0: vLLM's own graphs. Needs
+    # read_path "dgstream", CUDA graphs, cudagraph_mode unset or FULL_AND_PIECEWISE,
+    # TRITON_ATTN and tensor_parallel_size 1: set against them it is refused by name.
+    full_graph_tokens: int = Field(default=0, ge=0, le=16_384)
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
     # its Humming kernels for NVFP4 on compute capability 9.0 (an H100/H200) and Marlin on
@@ -245,6 +253,48 @@ class VllmSettings(BaseModel):
                 f"tensor_parallel_size {self.tensor_parallel_size} (the read path serves one GPU)"
             )
         return clashes
+
+    @model_validator(mode="after")
+    def _full_graphs_fit(self) -> VllmSettings:
+        if "full_graph_tokens" not in self.model_fields_set or not self.full_graph_tokens:
+            return self
+        clashes = self.full_graph_clashes()
+        if clashes:
+            raise ValueError("full_graph_tokens: cannot run with " + "; ".join(clashes))
+        return self
+
+    def full_graph_clashes(self, read_path: str | None = None) -> list[str]:
+        """The settings that keep small mixed steps out of FULL graphs on `read_path`
+        (default: the settings' own), each named with what it would need."""
+        path = read_path or self.read_path
+        clashes = []
+        if path != "dgstream":
+            clashes.append(f"read_path {path!r} (needs 'dgstream')")
+        if self.enforce_eager:
+            clashes.append("enforce_eager true (no CUDA graphs)")
+        if self.cudagraph_mode not in (None, "FULL_AND_PIECEWISE"):
+            clashes.append(
+                f"cudagraph_mode {self.cudagraph_mode!r} (needs FULL_AND_PIECEWISE, vLLM's "
+                "default; FULL graphs every step already)"
+            )
+        if self.attention_backend != "TRITON_ATTN":
+            clashes.append(f"attention_backend {self.attention_backend!r} (needs TRITON_ATTN)")
+        if self.tensor_parallel_size != 1:
+            clashes.append(
+                f"tensor_parallel_size {self.tensor_parallel_size} (the read path serves one GPU)"
+            )
+        return clashes
+
+    def full_graphs_resolved(self, read_path: str | None = None) -> tuple[int, str]:
+        """(the mixed steps' FULL-graph bound an engine on `read_path` gets, 0 for none;
+        why)."""
+        tokens = self.full_graph_tokens
+        if not tokens:
+            return 0, "full_graph_tokens 0"
+        clashes = self.full_graph_clashes(read_path)
+        if clashes:
+            return 0, f"full_graph_tokens {tokens}, but " + "; ".join(clashes)
+        return tokens, f"full_graph_tokens {tokens}"
 
     def one_step_resolved(self, read_path: str | None = None) -> tuple[bool, str]:
         """(whether an engine on `read_path` takes reads in one step, why)."""
@@ -473,6 +523,7 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         max_num_seqs=seqs,
         one_step=one_step,
         one_step_idle_only=one_step and settings.one_step_reads == "auto",
+        full_graph_tokens=settings.full_graphs_resolved(path)[0],
     )
     args: dict[str, Any] = {
         "model": settings.model,
@@ -822,6 +873,13 @@ class VllmEngine:
         one_step, one_step_why = self.settings.one_step_resolved(path)
         (log.info if one_step or self.settings.one_step_reads is not True else log.warning)(
             "vLLM reads in %s (%s)", "one step" if one_step else "two steps", one_step_why
+        )
+        tokens, graphs_why = self.settings.full_graphs_resolved(path)
+        asked = "full_graph_tokens" in self.settings.model_fields_set
+        (log.warning if asked and self.settings.full_graph_tokens and not tokens else log.info)(
+            "vLLM mixed steps: %s (%s)",
+            f"FULL CUDA graphs up to {tokens} tokens" if tokens else "vLLM's own graphs",
+            graphs_why,
         )
         return kwargs
 

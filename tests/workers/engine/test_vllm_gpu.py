@@ -317,7 +317,15 @@ def test_cuda_graphs_answer_as_eager(
         loop.run_until_complete(engine.close())
 
 
-@pytest.mark.parametrize("graphs", ["default", "eager", "full"], ids=["graphs", "eager", "full"])
+# The small-step FULL graphs' bound in the gpu test: a burst's tail of demo reads fits.
+SMALL_FULL_TOKENS = 1024
+
+
+@pytest.mark.parametrize(
+    "graphs",
+    ["default", "eager", "full", "small_full"],
+    ids=["graphs", "eager", "full", "small_full"],
+)
 def test_one_step_reads_answer_as_two_steps(
     loop: asyncio.AbstractEventLoop,
     requests: list[Any],
@@ -328,14 +336,18 @@ def test_one_step_reads_answer_as_two_steps(
     engine's reads opting out (vLLM's two steps, which the tests above hold to vLLM's own
     path and to eager): every answer the same, every probability within 0.01. The engine
     core's log shows that reads did run in one step (else this compares two with two).
-    Run with vLLM's default graphs (a fused step runs piecewise), eager, and FULL graphs
-    (every step one graph, its ranges read from one persistent buffer)."""
+    Run with vLLM's default graphs (a fused step runs piecewise), eager, FULL graphs
+    (every step one graph, its ranges read from one persistent buffer) and vLLM's default
+    with FULL graphs for steps up to SMALL_FULL_TOKENS (`full_graph_tokens`); with FULL
+    graphs, the log shows a fused step ran in one."""
     chat = _chat()
     name = "one_step_" + ("graphs" if graphs == "default" else graphs)
-    mode = "FULL" if graphs == "full" else None
-    engine, start_s = _start(
-        loop, enforce_eager=graphs == "eager", one_step_reads=True, cudagraph_mode=mode
-    )
+    over: dict[str, Any] = {"enforce_eager": graphs == "eager", "one_step_reads": True}
+    if graphs == "full":
+        over["cudagraph_mode"] = "FULL"
+    if graphs == "small_full":
+        over["full_graph_tokens"] = SMALL_FULL_TOKENS
+    engine, start_s = _start(loop, **over)
     try:
         one = Classifier(engine, chat, ClassifierSettings(seed=0))
         two = Classifier(engine.sibling(two_step=True), chat, ClassifierSettings(seed=0))
@@ -346,6 +358,7 @@ def test_one_step_reads_answer_as_two_steps(
         agreement = compare(theirs, mine)
         log = capfd.readouterr()
         fused = re.findall(r"dgstream one-step reads: (\d+) read", log.out + log.err)
+        in_full = "a fused step ran as one FULL CUDA graph" in log.out + log.err
         REPORT[name] = {
             **agreement,
             "requests": len(requests),
@@ -353,10 +366,12 @@ def test_one_step_reads_answer_as_two_steps(
             "two_step_seconds": two_s,
             "start_s": start_s,
             "fused_logged": fused,
+            "fused_in_full_graph": in_full,
         }
         print(f"\none-step ({name}) vs two steps: {agreement}")
         _write_report()  # this test may run alone (PYTEST_K), without the module's engine
         assert fused, "no read ran in one step"
+        assert in_full == (graphs in ("full", "small_full")), in_full
         assert agreement["answers_differ"] == 0, agreement
         assert agreement["max_probability_gap"] <= MAX_GAP, agreement
     finally:

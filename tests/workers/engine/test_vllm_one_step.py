@@ -335,6 +335,7 @@ def _attn_state(monkeypatch: pytest.MonkeyPatch, metadata: dict[str, Any]) -> An
     state = object.__new__(DgModelState)
     state.one_step = True
     state._graph_ranges = None  # what __init__ sets, which needs a vLLM config
+    state._said_fused_full = False
     return state
 
 

@@ -112,6 +112,13 @@ class DgModelState(dg.DiffusionGemmaModelState):
         self.one_step = self.read_path and options.one_step
         # FULL graphs' ranges (`prepare_attn`), made at the first FULL step or capture.
         self._graph_ranges: torch.Tensor | None = None
+        # Whether the log has said that a fused read ran in a FULL graph (once).
+        self._said_fused_full = False
+        if self.read_path and options.full_graph_tokens:
+            # Before the runner builds its graph manager (it loads the model first).
+            from workers.engine.vllm_reads import graphs
+
+            graphs.install()
         # Logit rows per request of the step being prepared (`prepare_inputs`).
         self._logit_rows = np.zeros(0, dtype=np.int64)
         self.admissions = Admissions(self.diffusion_states)
@@ -217,6 +224,9 @@ class DgModelState(dg.DiffusionGemmaModelState):
             host = np.zeros(tuple(tensor.shape), dtype=np.int32)
             host[:n] = ranges
             fill_device(tensor, host)
+            if not for_capture and not self._said_fused_full and ranges.any():
+                self._said_fused_full = True
+                logger.info("dgstream one-step reads: a fused step ran as one FULL CUDA graph")
         else:
             # A tensor of the step's own: async scheduling prepares a step while the one
             # before it runs.

@@ -54,6 +54,10 @@ class ReadPathOptions(BaseModel):
     # "auto"): a backlog reads at least as fast in vLLM's two steps, a lone read faster in
     # one (the figures: VllmSettings.one_step_reads).
     one_step_idle_only: bool = False
+    # Steps of at most this many tokens that mix prompts and canvases replay one FULL CUDA
+    # graph under vLLM's FULL_AND_PIECEWISE mode instead of running piecewise (`graphs`);
+    # 0: vLLM's own graphs. Where it comes from: VllmSettings.full_graph_tokens.
+    full_graph_tokens: int = Field(default=0, ge=0)
 
     @classmethod
     def from_additional_config(cls, additional: Mapping[str, Any] | None) -> ReadPathOptions:
