@@ -351,6 +351,34 @@ def test_a_run_of_the_auto_default_is_the_defaults_column_and_says_auto(tmp_path
 
 
 @pytest.mark.unit
+def test_small_full_graphs_are_the_defaults_column_where_they_are_the_default(
+    tmp_path: Path,
+) -> None:
+    """full_graph_tokens defaults to 1,024 since its session (section card24-small-full):
+    there the run with 1,024 is the defaults' column and the run with 0 says its mixed
+    steps ran piecewise; in a section before it, a run with the setting is a chosen one."""
+    piecewise = card_run(tmp_path, "piecewise", True, 1.0, full_graph_tokens=0)
+    small = card_run(tmp_path, "small", True, 1.5, full_graph_tokens=1024)
+    md = card_rows.render_scheduling([piecewise, small], section="card24-small-full")
+    header = next(line for line in md.splitlines() if line.startswith("| batch"))
+    assert (
+        "| async, canvas 64, mixed steps piecewise (full_graph_tokens 0) "
+        "| async, canvas 64, FULL graphs to 1024 tokens |"
+    ) in header
+    row = next(line for line in md.splitlines() if line.startswith("| 1 | shared | 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "figure" not in cells[3]
+    assert cells[4].startswith("<!-- figure: defaults_shared_b1_x1 -->3.0")
+    assert cells[5] == "1.50x"
+    before = card_rows.render_scheduling([piecewise, small])
+    row = next(line for line in before.splitlines() if line.startswith("| 1 | shared | 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3].startswith("<!-- figure: defaults_shared_b1_x1 -->2.0")
+    assert "figure" not in cells[4]
+    assert "mixed steps piecewise" not in before
+
+
+@pytest.mark.unit
 def test_a_run_at_another_share_is_not_the_defaults_column(tmp_path: Path) -> None:
     lower = card_run(tmp_path, "lower", True, 1.0)
     body = json.loads(lower.read_text())

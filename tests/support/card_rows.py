@@ -236,10 +236,13 @@ def scheduling_name(settings: dict[str, Any]) -> str:
     return names[settings["async_scheduling"]]
 
 
-def run_label(info: dict[str, Any], one_step_default: str | bool = False) -> str:
+def run_label(
+    info: dict[str, Any], one_step_default: str | bool = False, graphs_default: int = 0
+) -> str:
     """A card run's engine settings in a few words: scheduling, the served canvas and, when
-    chosen, vLLM's kernels (runs before the setting existed chose none). `one_step_default`:
-    one_step_reads' default when the run was made (`render_scheduling` says which)."""
+    chosen, vLLM's kernels (runs before the setting existed chose none). `one_step_default`
+    and `graphs_default`: one_step_reads' and full_graph_tokens' defaults for the session
+    (`render_scheduling` says which)."""
     s = info["settings"]
     label = f"{scheduling_name(s)}, canvas {s['canvas_length']}"
     if s.get("read_path") == "stock":
@@ -249,8 +252,11 @@ def run_label(info: dict[str, Any], one_step_default: str | bool = False) -> str
         label += ", " + "/".join(sorted(kernels)) + " kernels"
     if s.get("cudagraph_mode"):
         label += f", {s['cudagraph_mode']} graphs"
-    if s.get("full_graph_tokens"):
-        label += f", FULL graphs to {s['full_graph_tokens']} tokens"
+    graphs = s.get("full_graph_tokens") or 0
+    if graphs:
+        label += f", FULL graphs to {graphs} tokens"
+    elif graphs_default:
+        label += ", mixed steps piecewise (full_graph_tokens 0)"
     # vLLM's own read path has no one-step reads, whatever the setting said; two steps are
     # named only where they were chosen against the default of the run's day.
     one_step = s.get("one_step_reads") if s.get("read_path") != "stock" else None
@@ -344,7 +350,30 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "docs/data/card24/full_one_step/card_defaults.json "
         "docs/data/card24/full_one_step/card_full_one_step.json --date DATE",
     ),
+    # FULL graphs for small mixed steps (full_graph_tokens 1,024, the default since)
+    # against the defaults before them, one session.
+    "card24-small-full": (
+        "FULL graphs for small mixed steps against the defaults before them: two engine "
+        "starts on the card",
+        "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        'PYTEST_K="one_step and full" bash bench/gpu/vllm_session.sh tests   # the answers\n'
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card small_full --in-flight 1,2 "
+        "--full-graph-tokens 1024\n"
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card defaults --in-flight 1,2 "
+        "--full-graph-tokens 0\n"
+        "# here: this section (the run with mixed steps piecewise is the baseline of the "
+        "ratios)\n"
+        "python bench/engine_gpu.py --section card24-small-full --render-scheduling "
+        "docs/data/card24/small_full/card_defaults.json "
+        "docs/data/card24/small_full/card_small_full.json --date DATE",
+    ),
 }
+
+
+# full_graph_tokens' default for a section's runs, where it is not 0: it was 0 (the setting
+# absent, or measured against) until the session that made 1,024 the default.
+GRAPHS_DEFAULT: dict[str, int] = {"card24-small-full": 1024}
 
 
 def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-scheduling") -> str:
@@ -374,7 +403,8 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
         if any(b["info"]["settings"].get("one_step_reads") == "auto" for b in runs)
         else False
     )
-    labels = [run_label(b["info"], one_step_default) for b in runs]
+    graphs_default = GRAPHS_DEFAULT.get(section, 0)
+    labels = [run_label(b["info"], one_step_default, graphs_default) for b in runs]
     # Sessions ran on H200s and on H100s: a session's figures are its GPU's.
     gpus = {b["info"].get("gpu") for b in runs}
     on_gpu = f" on one {gpus.pop()}" if len(gpus) == 1 and None not in gpus else ""
@@ -406,6 +436,7 @@ def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-
             and b["info"]["settings"].get("gpu_memory_utilization", DEFAULT_UTILIZATION)
             == DEFAULT_UTILIZATION
             and (b["info"]["settings"].get("one_step_reads") or False) == one_step_default
+            and (b["info"]["settings"].get("full_graph_tokens") or 0) == graphs_default
         ),
         None,
     )

@@ -179,8 +179,15 @@ class VllmSettings(BaseModel):
     # (`workers.engine.vllm_reads.graphs`); larger steps stay piecewise, so the graphs'
     # memory stays small, unlike cudagraph_mode "FULL". 0: vLLM's own graphs. Needs
     # read_path "dgstream", CUDA graphs, cudagraph_mode unset or FULL_AND_PIECEWISE,
-    # TRITON_ATTN and tensor_parallel_size 1: set against them it is refused by name.
-    full_graph_tokens: int = Field(default=0, ge=0, le=16_384)
+    # TRITON_ATTN and tensor_parallel_size 1: set against them it is refused by name; the
+    # default steps aside for them (the engine's start log says so). 1,024 holds one or
+    # two lone reads' steps (a 256-token prompt and the 64-position canvas: 320 tokens).
+    # Beside 0 on an H100 as the 24 GB card (2026-12-06, fourth session, an engine start
+    # each, docs/benchmarks.md section card24-small-full): a lone read 18.1 ms p50 on one
+    # question set and 24.2 unique against 32.7 and 25.7 (1.73x / 1.07x the reads/s; two
+    # in flight 1.75x / 1.18x), batch 32 1.02-1.10x, batch 256 1.01-1.05x; 5,186 KV blocks
+    # against 5,229 (0.8% fewer), 0.06 GiB more graph memory, 8 s more capture.
+    full_graph_tokens: int = Field(default=1024, ge=0, le=16_384)
     # vLLM's kernel choice for the MoE experts and the quantized linear layers (its
     # `--moe-backend` / `--linear-backend`); None = vLLM's own ("auto"). vLLM 0.33 picks
     # its Humming kernels for NVFP4 on compute capability 9.0 (an H100/H200) and Marlin on

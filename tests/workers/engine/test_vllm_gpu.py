@@ -317,10 +317,6 @@ def test_cuda_graphs_answer_as_eager(
         loop.run_until_complete(engine.close())
 
 
-# The small-step FULL graphs' bound in the gpu test: a burst's tail of demo reads fits.
-SMALL_FULL_TOKENS = 1024
-
-
 @pytest.mark.parametrize(
     "graphs",
     ["default", "eager", "full", "small_full"],
@@ -336,17 +332,20 @@ def test_one_step_reads_answer_as_two_steps(
     engine's reads opting out (vLLM's two steps, which the tests above hold to vLLM's own
     path and to eager): every answer the same, every probability within 0.01. The engine
     core's log shows that reads did run in one step (else this compares two with two).
-    Run with vLLM's default graphs (a fused step runs piecewise), eager, FULL graphs
-    (every step one graph, its ranges read from one persistent buffer) and vLLM's default
-    with FULL graphs for steps up to SMALL_FULL_TOKENS (`full_graph_tokens`); with FULL
-    graphs, the log shows a fused step ran in one."""
+    Run with vLLM's own graphs (full_graph_tokens 0: a fused step runs piecewise), eager,
+    FULL graphs (every step one graph, its ranges read from one persistent buffer) and the
+    product's default (vLLM's graph mode with FULL graphs for steps up to
+    `full_graph_tokens`, 1,024: a burst's tail of demo reads fits); with FULL graphs, the
+    log shows a fused step ran in one."""
     chat = _chat()
     name = "one_step_" + ("graphs" if graphs == "default" else graphs)
     over: dict[str, Any] = {"enforce_eager": graphs == "eager", "one_step_reads": True}
+    if graphs == "default":
+        over["full_graph_tokens"] = 0
     if graphs == "full":
         over["cudagraph_mode"] = "FULL"
     if graphs == "small_full":
-        over["full_graph_tokens"] = SMALL_FULL_TOKENS
+        assert demo_settings(**over).full_graphs_resolved()[0] > 0
     engine, start_s = _start(loop, **over)
     try:
         one = Classifier(engine, chat, ClassifierSettings(seed=0))

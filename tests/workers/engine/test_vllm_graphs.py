@@ -293,3 +293,11 @@ def test_the_engine_says_at_start_which_graphs_its_mixed_steps_get(
     assert said(full_graph_tokens=0) == [
         "vLLM mixed steps: vLLM's own graphs (full_graph_tokens 0)"
     ]
+    # The default, and the default stepping aside for a setting it cannot run with.
+    assert said() == [
+        "vLLM mixed steps: FULL CUDA graphs up to 1024 tokens (full_graph_tokens 1024)"
+    ]
+    assert said(cudagraph_mode="FULL") == [
+        "vLLM mixed steps: vLLM's own graphs (full_graph_tokens 1024, but cudagraph_mode "
+        "'FULL' (needs FULL_AND_PIECEWISE, vLLM's default; FULL graphs every step already))"
+    ]

@@ -413,6 +413,7 @@ def test_the_read_path_rides_in_additional_config_with_256_reads_in_flight() -> 
         max_num_seqs=256,
         one_step=True,  # one_step_reads' default, auto
         one_step_idle_only=True,
+        full_graph_tokens=1024,  # full_graph_tokens' default
     )
     assert args["max_num_seqs"] == 256
     assert args["gpu_memory_utilization"] == settings.gpu_memory_utilization

@@ -31,7 +31,9 @@ from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor as Desc
 
 from workers.engine.vllm_reads.options import ReadPathOptions
 
-logger = init_logger(__name__)
+# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process
+# (a logger outside `vllm.` has none there, and its info lines are dropped).
+logger = init_logger("vllm.dgstream_reads.graphs")
 
 
 def mixed_full_descs(

@@ -34,7 +34,9 @@ from workers.engine.vllm_reads.options import ReadPathOptions
 from workers.engine.vllm_reads.plan import fused_ranges, fused_requests, spans
 from workers.engine.vllm_reads.rows import fill_device, to_device
 
-logger = init_logger(__name__)
+# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process
+# (a logger outside `vllm.` has none there, and its info lines are dropped).
+logger = init_logger("vllm.dgstream_reads.model")
 
 # vLLM's own warmup requests (`vllm/v1/worker/gpu/warmup.py` names them `_warmup_<i>_`):
 # the read path serves them as full-vocabulary reads, so the warmup runs the read path's

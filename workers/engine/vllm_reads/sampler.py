@@ -47,7 +47,9 @@ from workers.engine.vllm_reads.rows import (
 if TYPE_CHECKING:  # model.py builds this sampler: a runtime import would be a circle
     from workers.engine.vllm_reads.model import DgModelState
 
-logger = init_logger(__name__)
+# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process
+# (a logger outside `vllm.` has none there, and its info lines are dropped).
+logger = init_logger("vllm.dgstream_reads.sampler")
 
 
 class DgReadSampler:
