@@ -244,21 +244,28 @@ class VllmSettings(BaseModel):
             raise ValueError("one_step_reads: cannot run with " + "; ".join(clashes))
         return self
 
-    def one_step_clashes(self, read_path: str | None = None) -> list[str]:
-        """The settings that keep one-step reads off an engine on `read_path` (default:
-        the settings' own), each named with what it would need."""
+    def _read_path_clashes(self, read_path: str | None) -> list[str]:
+        """What every read-path feature inside vLLM needs, unmet on `read_path` (default:
+        the settings' own): the plugin's path, TRITON_ATTN (the backend they run on) and
+        one GPU."""
         path = read_path or self.read_path
         clashes = []
         if path != "dgstream":
             clashes.append(f"read_path {path!r} (needs 'dgstream')")
-        if self.async_scheduling is not True:
-            clashes.append(f"async_scheduling {self.async_scheduling} (needs true)")
         if self.attention_backend != "TRITON_ATTN":
             clashes.append(f"attention_backend {self.attention_backend!r} (needs TRITON_ATTN)")
         if self.tensor_parallel_size != 1:
             clashes.append(
                 f"tensor_parallel_size {self.tensor_parallel_size} (the read path serves one GPU)"
             )
+        return clashes
+
+    def one_step_clashes(self, read_path: str | None = None) -> list[str]:
+        """The settings that keep one-step reads off an engine on `read_path` (default:
+        the settings' own), each named with what it would need."""
+        clashes = self._read_path_clashes(read_path)
+        if self.async_scheduling is not True:
+            clashes.append(f"async_scheduling {self.async_scheduling} (needs true)")
         return clashes
 
     @model_validator(mode="after")
@@ -273,22 +280,13 @@ class VllmSettings(BaseModel):
     def full_graph_clashes(self, read_path: str | None = None) -> list[str]:
         """The settings that keep small mixed steps out of FULL graphs on `read_path`
         (default: the settings' own), each named with what it would need."""
-        path = read_path or self.read_path
-        clashes = []
-        if path != "dgstream":
-            clashes.append(f"read_path {path!r} (needs 'dgstream')")
+        clashes = self._read_path_clashes(read_path)
         if self.enforce_eager:
             clashes.append("enforce_eager true (no CUDA graphs)")
         if self.cudagraph_mode not in (None, "FULL_AND_PIECEWISE"):
             clashes.append(
                 f"cudagraph_mode {self.cudagraph_mode!r} (needs FULL_AND_PIECEWISE, vLLM's "
                 "default; FULL graphs every step already)"
-            )
-        if self.attention_backend != "TRITON_ATTN":
-            clashes.append(f"attention_backend {self.attention_backend!r} (needs TRITON_ATTN)")
-        if self.tensor_parallel_size != 1:
-            clashes.append(
-                f"tensor_parallel_size {self.tensor_parallel_size} (the read path serves one GPU)"
             )
         return clashes
 

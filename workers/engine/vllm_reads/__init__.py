@@ -7,8 +7,9 @@ registers nothing on another version and says so: that vLLM then serves reads it
 
 Registered, it changes nothing until an engine asks: `workers.engine.vllm_backend` turns it
 on per engine through `additional_config` (`options.CONFIG_KEY`). What it does then is in
-`model.py` (unembedding, self-conditioning, admission) and `sampler.py` (the step), and in
-docs/vllm.md. `VLLM_PLUGINS=""` in the environment keeps vLLM from loading any plugin.
+`model.py` (unembedding, self-conditioning, admission), `sampler.py` (the step),
+`scheduler.py` (one-step reads) and `graphs.py` (FULL graphs for small mixed steps), and
+in docs/vllm.md. `VLLM_PLUGINS=""` in the environment keeps vLLM from loading any plugin.
 """
 
 from __future__ import annotations

@@ -16,7 +16,10 @@ builds its `ModelCudaGraphManager` from a module-level name, so `install` (calle
 read path's model state, in the worker process, before the runner builds its manager)
 binds that name to a subclass; the subclass adds the graphs only for an engine whose
 options ask for them, and vLLM's profile of graph memory (which captures the manager's
-graphs before sizing the KV cache) counts them.
+graphs before sizing the KV cache) counts them. With 1,024 tokens (27 graph sizes) a lone
+read took 18.1 ms p50 on one question set against 32.7 piecewise, batches read level or
+faster, and the KV cache kept 99.2% of its blocks (docs/benchmarks.md section
+card24-small-full).
 """
 
 from __future__ import annotations
