@@ -301,3 +301,14 @@ def test_the_engine_says_at_start_which_graphs_its_mixed_steps_get(
         "vLLM mixed steps: vLLM's own graphs (full_graph_tokens 1024, but cudagraph_mode "
         "'FULL' (needs FULL_AND_PIECEWISE, vLLM's default; FULL graphs every step already))"
     ]
+
+
+def test_the_read_paths_modules_log_where_the_engine_core_prints() -> None:
+    """vLLM's engine core prints its loggers under `vllm.` only: a read-path module that
+    logged under its own name lost its info lines there (the first GPU run of this
+    module's graphs logged nothing)."""
+    import importlib
+
+    for name in ("graphs", "model", "sampler", "scheduler"):
+        module = importlib.import_module(f"workers.engine.vllm_reads.{name}")
+        assert module.logger.name.startswith("vllm."), (name, module.logger.name)
