@@ -368,12 +368,27 @@ SESSIONS: dict[str, tuple[str, str]] = {
         "docs/data/card24/small_full/card_defaults.json "
         "docs/data/card24/small_full/card_small_full.json --date DATE",
     ),
+    # The defaults (full_graph_tokens 1,024) beside the peer, one session: the run the
+    # peer's table (section peer-small-full) sets against `vllm serve`.
+    "card24-peer-small-full": (
+        "The defaults beside the peer: one engine start on the card",
+        "bash bench/gpu/stage.sh   # here; then the parts to the GPU machine (stage.sh says how)\n"
+        "# on the GPU machine, one device session:\n"
+        "BATCHES=1,32,256 bash bench/gpu/vllm_session.sh card defaults --in-flight 1,2\n"
+        "bash bench/gpu/peer_session.sh --max-model-len 4096   # section peer-small-full\n"
+        'PYTEST_K="not one_step" bash bench/gpu/vllm_session.sh tests   # the answers\n'
+        'PYTEST_K="one_step and full and not small_full" bash bench/gpu/vllm_session.sh tests\n'
+        'PYTEST_K="one_step and graphs" bash bench/gpu/vllm_session.sh tests\n'
+        "# here: this section\n"
+        "python bench/engine_gpu.py --section card24-peer-small-full --render-scheduling "
+        "docs/data/card24/peer_small_full/card_defaults.json --date DATE",
+    ),
 }
 
 
 # full_graph_tokens' default for a section's runs, where it is not 0: it was 0 (the setting
 # absent, or measured against) until the session that made 1,024 the default.
-GRAPHS_DEFAULT: dict[str, int] = {"card24-small-full": 1024}
+GRAPHS_DEFAULT: dict[str, int] = {"card24-small-full": 1024, "card24-peer-small-full": 1024}
 
 
 def render_scheduling(paths: list[Path], date: str = "", section: str = "card24-scheduling") -> str:
