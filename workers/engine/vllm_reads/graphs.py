@@ -28,15 +28,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm.config.compilation import CUDAGraphMode
-from vllm.logger import init_logger
 from vllm.v1.worker.gpu import model_runner as runner_module
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor as Desc
 
+from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import ReadPathOptions
 
-# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process
-# (a logger outside `vllm.` has none there, and its info lines are dropped).
-logger = init_logger("vllm.dgstream_reads.graphs")
+logger = reads_logger("graphs")
 
 
 def mixed_full_descs(

@@ -26,17 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from vllm.logger import init_logger
 from vllm.model_executor.models import diffusion_gemma as dg
 
 from workers.engine.vllm_reads.admission import Admissions
+from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import ReadPathOptions
 from workers.engine.vllm_reads.plan import fused_ranges, fused_requests, spans
 from workers.engine.vllm_reads.rows import fill_device, to_device
 
-# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process
-# (a logger outside `vllm.` has none there, and its info lines are dropped).
-logger = init_logger("vllm.dgstream_reads.model")
+logger = reads_logger("model")
 
 # vLLM's own warmup requests (`vllm/v1/worker/gpu/warmup.py` names them `_warmup_<i>_`):
 # the read path serves them as full-vocabulary reads, so the warmup runs the read path's

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from vllm.logger import init_logger
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
+from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import vocab_tile_rows
 from workers.engine.vllm_reads.plan import (
     StepPlan,
@@ -47,9 +47,7 @@ from workers.engine.vllm_reads.rows import (
 if TYPE_CHECKING:  # model.py builds this sampler: a runtime import would be a circle
     from workers.engine.vllm_reads.model import DgModelState
 
-# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process
-# (a logger outside `vllm.` has none there, and its info lines are dropped).
-logger = init_logger("vllm.dgstream_reads.sampler")
+logger = reads_logger("sampler")
 
 
 class DgReadSampler:

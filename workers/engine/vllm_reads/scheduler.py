@@ -28,14 +28,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler
 
+from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import ReadPathOptions
 from workers.engine.vllm_reads.plan import reports_raw_logits
 
-# Under vLLM's logger, so its lines reach vLLM's log handler in the engine core process.
-logger = init_logger("vllm.dgstream_reads.scheduler")
+logger = reads_logger("scheduler")
 # The fused-read counts that are logged (the first proves the path runs; then a heartbeat).
 LOG_EVERY = 10_000
 
