@@ -14,14 +14,19 @@ Two formats on the dead-letter topic, both read by `DeadLetter.from_record`:
   `dgstream.dead_letter.original_headers`: how many of the headers are the original's,
   `dgstream.dead_letter.null_headers`: which of those had no value).
 
-Only when even the raw record would not fit does the JSON document keep a prefix of the
-original (`truncated`); such a letter cannot be replayed byte for byte.
+Only when even the raw record would not fit does the JSON document leave part of the
+original out (`truncated`): the value whole with the key or some headers left out, else a
+prefix of the value, else nothing of it (by reference: the source's topic, partition and
+offset, with `original_sha256` and the key's `key_sha256` to check what is found there).
+Such a letter cannot be replayed byte for byte. The record's `dgstream.dead_letter.format`
+header says which: `json`, `raw`, `truncated` or `reference` (`workers.records`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -46,6 +51,11 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def sha256_hex(data: bytes) -> str:
+    """The SHA-256 of `data`, hex: how a letter names bytes it could not carry."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def _text(raw: bytes | None) -> str:
     if raw is None:
         raise ValueError("a header without a value")
@@ -67,7 +77,18 @@ class SourceRef(WireModel):
     topic: str
     partition: int = Field(ge=0)
     offset: int = Field(ge=0)
-    key: str | None = Field(default=None, description="The record key, base64; null if none.")
+    key: str | None = Field(
+        default=None, description="The record key, base64; null if none or left out."
+    )
+    key_sha256: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="SHA-256 of the record key (hex) when `key` is left out (too large for "
+        "the dead-letter topic); null otherwise.",
+    )
+    key_size: int | None = Field(
+        default=None, ge=0, description="Bytes in the record key when `key` is left out."
+    )
     timestamp_ms: int | None = Field(default=None, description="The record's timestamp.")
 
     _key_is_b64 = field_validator("key")(_check_b64)
@@ -96,15 +117,35 @@ class DeadLetter(WireModel):
     original_null: bool = Field(
         default=False, description="The original record had no value at all (a tombstone)."
     )
-    original_size: int = Field(ge=0, description="Bytes in the original message value.")
+    original_size: int = Field(
+        ge=0,
+        description="Bytes in the original message value (0 when not known: a record of a "
+        "batch the worker did not read).",
+    )
     truncated: bool = Field(
         default=False,
-        description="Whether `original` holds only the first bytes (the whole message would "
-        "not fit the dead-letter topic).",
+        description="Whether part of the original record is left out (the whole would not "
+        "fit the dead-letter topic): `original` holds only its first bytes (or none), or "
+        "the key (`source.key_sha256`) or some headers (`headers_omitted`) are left out. "
+        "Such a letter cannot be replayed byte for byte.",
+    )
+    original_sha256: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="SHA-256 of the whole original value (hex); null for a tombstone, or a "
+        "value the worker never held whole. With the source's topic, partition and offset "
+        "it finds and checks the original when this letter holds only part of it.",
     )
     source: SourceRef
     headers: list[OriginalHeader] = Field(
-        default_factory=list, description="The original record's headers, in order."
+        default_factory=list,
+        description="The original record's headers, in order (those left out excepted).",
+    )
+    headers_omitted: int = Field(
+        default=0,
+        ge=0,
+        description="How many of the original record's headers are left out of `headers` "
+        "(too large for the dead-letter topic).",
     )
     request_id: str | None = Field(
         default=None, description="The request's id, when it could be read from the message."
@@ -229,6 +270,8 @@ class DeadLetter(WireModel):
         max_original_bytes: int | None = None,
         time: datetime | None = None,
         fallback_id: str | None = None,
+        complete: bool = True,
+        original_size: int | None = None,
     ) -> DeadLetter:
         """A dead letter for `raw`, read at topic/partition/offset with `headers`.
 
@@ -236,15 +279,20 @@ class DeadLetter(WireModel):
         it by a third, which may not fit the topic's message size); `request_id` is recovered
         from the message when it is JSON with a valid `id`, else it is `fallback_id` (the
         worker passes the record's id, `schemas.parse.record_id`, for bodies without one).
+        `complete=False`: `raw` is not all of the original (the consumer kept only its
+        first bytes, `original_size` of them in all, or none of a batch it did not read):
+        the letter is truncated and has no `original_sha256`.
         """
         data = bytes(raw) if raw else b""
         kept = data if max_original_bytes is None else data[: max(max_original_bytes, 0)]
+        size = len(data) if original_size is None else original_size
         return cls(
             error=error,
             original=_b64(kept),
             original_null=raw is None,
-            original_size=len(data),
-            truncated=len(kept) < len(data),
+            original_size=size,
+            truncated=len(kept) < len(data) or not complete,
+            original_sha256=None if raw is None or not complete else sha256_hex(data),
             source=SourceRef(
                 topic=topic,
                 partition=partition,

@@ -5,6 +5,7 @@ to the same letter, even when the original's own headers look like ours."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 
 import pytest
@@ -90,3 +91,36 @@ def test_a_truncated_letter_says_so() -> None:
     letter = _letter(b"y" * 100, max_original_bytes=10)
     assert letter.truncated and letter.original_size == 100
     assert letter.original_bytes() == b"y" * 10
+
+
+def test_a_letter_names_its_original_by_digest_unless_it_never_held_it_whole() -> None:
+    assert _letter(b"{not json").original_sha256 == hashlib.sha256(b"{not json").hexdigest()
+    assert _letter(None).original_sha256 is None  # a tombstone has no value to name
+    # The consumer's bound kept the first bytes of a 5 MB value.
+    part = _letter(b"<" * 10, complete=False, original_size=5_000_000)
+    assert part.truncated and part.original_size == 5_000_000
+    assert part.original_sha256 is None and part.original_bytes() == b"<" * 10
+
+
+def test_a_letter_written_before_the_cut_forms_still_reads() -> None:
+    """A dead letter already on a topic lacks the fields that say what was cut."""
+    old = (
+        b'{"schema_version":1,"error":{"code":"POISON","message":"x","field":null},'
+        b'"original":"YWJj","original_null":false,"original_size":3,"truncated":false,'
+        b'"source":{"topic":"t","partition":0,"offset":1,"key":"aw==","timestamp_ms":5},'
+        b'"headers":[],"request_id":null,"worker":"w","time":"2026-01-01T00:00:00Z"}'
+    )
+    letter = DeadLetter.from_record(old, None, [])
+    assert letter.original_sha256 is None and letter.headers_omitted == 0
+    assert letter.source.key_sha256 is None and letter.source.key_bytes() == b"k"
+
+
+@pytest.mark.parametrize(
+    "update",
+    [{"original_sha256": "not hex"}, {"headers_omitted": -1}, {"original_sha256": "A" * 64}],
+)
+def test_the_cut_fields_are_checked(update: dict[str, object]) -> None:
+    doc = _letter(b"x").model_dump(mode="json")
+    doc.update(update)
+    with pytest.raises(ValueError):
+        DeadLetter.model_validate(doc)

@@ -3,7 +3,8 @@ broker through the `dgstream dlq` command: a small bad record and a tombstone go
 JSON document; one too large for that (base64 adds a third) goes raw, Kafka Connect's way;
 `dgstream dlq --replay-to` sends each record back identical (value, key, headers), and a
 second run sends nothing again. Only a record larger than the dead-letter topic takes is
-kept as a prefix, and is not replayed."""
+kept in part (a prefix of its value; its key and headers where they fit, else named by
+digest and count), points to its original, and is not replayed."""
 
 from __future__ import annotations
 
@@ -86,6 +87,46 @@ def test_dead_letters_keep_the_record_and_replay_it_once(
     pipeline.readers.append(final)
     final.read_to_end()
     assert sorted(r.key for r in final.records) == [b"k-big", b"k-late", b"k-small", b"k-tomb"]
+
+
+def test_a_letter_without_room_for_its_original_points_to_it(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """A dead-letter topic of 8,000 bytes and a record of 60 KB (its key, a header and its
+    value 20 KB each): the letter keeps a prefix of the value, names the key by its digest
+    and counts the header it left out; the original is where the letter says, and its
+    digest matches. It is listed, and not replayed."""
+    import hashlib
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    set_topic_config(pipeline.conn, pipeline.dead, {"max.message.bytes": "8000"})
+    key, value = b"K" * 20_000, b"<" + b"z" * 20_000
+    headers: list[tuple[str, bytes | None]] = [("trace", b"t" * 20_000)]
+    pipeline.produce([value], keys=[key], headers=[headers], partition=0)
+    worker_threads.append(WorkerThread(pipeline.settings()).start())
+    (rec,) = _records(pipeline, pipeline.dead, 1)
+    assert dict(rec.headers)["dgstream.dead_letter.format"] == b"truncated"
+    assert rec.key == b"sha256:" + hashlib.sha256(key).hexdigest().encode()
+    letter = DeadLetter.from_record(rec.value, rec.key, rec.headers)
+    assert letter.truncated and letter.error.code == ErrorCode.INVALID_JSON
+    assert value.startswith(letter.original_bytes()) and len(letter.original_bytes()) > 4_000
+    assert letter.source.key is None and letter.source.key_size == len(key)
+    assert letter.source.key_sha256 == hashlib.sha256(key).hexdigest()
+    assert letter.headers == [] and letter.headers_omitted == 1
+    # By reference: the original, fetched where the letter says, is the one it names.
+    consumer = KafkaConsumer(**pipeline.conn.client_kwargs(client_id="dgstream-tests-fetch"))
+    try:
+        tp = TopicPartition(letter.source.topic, letter.source.partition)
+        consumer.assign([tp])
+        consumer.seek(tp, letter.source.offset)
+        got = consumer.poll(timeout_ms=10_000, max_records=1)[tp][0]
+    finally:
+        consumer.close()
+    assert hashlib.sha256(got.value).hexdigest() == letter.original_sha256
+    assert (got.key, list(got.headers)) == (key, headers)
+    out = _dlq(pipeline, "--replay-to", pipeline.input + "-replay")
+    assert "(truncated)" in out.stdout and "replayed 0 to" in out.stdout
 
 
 def test_a_record_larger_than_the_dead_letter_topic_takes_keeps_a_prefix(

@@ -1,6 +1,6 @@
 """Where outputs may go and the poison guard's protocol, without a broker: the reply-topic
-allow-list, the cluster's answers (a fake `describe`), record sizes, and the attempt
-counts kept in committed offsets' metadata."""
+allow-list, the cluster's answers (a fake `describe`), the limits records must fit, and the
+attempt counts kept in committed offsets' metadata."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from schemas import ErrorCode
 from workers.kafka_settings import KafkaConnection
 from workers.poison import PROGRESS, Attempts, PoisonGuard, parse_attempts
 from workers.settings import PoisonTuning, WorkerSettings
-from workers.topics import BAD_TTL_S, TopicGuard, record_size
+from workers.topics import BAD_TTL_S, Limit, TopicGuard, batch_size, record_size
 
 pytestmark = pytest.mark.unit
 
@@ -40,15 +40,22 @@ class Cluster:
         self.topics: dict[str, dict[str, Any]] = {}
         self.asked: list[str] = []
 
-    def add(self, name: str, max_bytes: int = 1_048_588, ops: list[str] | None = None) -> None:
+    def add(
+        self,
+        name: str,
+        max_bytes: int = 1_048_588,
+        ops: list[str] | None = None,
+        codec: str = "producer",
+    ) -> None:
         ops = ops if ops is not None else ["READ", "WRITE", "DESCRIBE"]
         self.topics[name] = {"error_code": 0, "is_internal": False, "authorized_operations": ops}
         self.topics[name]["max"] = max_bytes
+        self.topics[name]["codec"] = codec
 
-    def describe(self, topic: str) -> tuple[dict[str, Any], int | None]:
+    def describe(self, topic: str) -> tuple[dict[str, Any], int | None, str | None]:
         self.asked.append(topic)
         meta = self.topics.get(topic, {"error_code": 3, "is_internal": topic.startswith("__")})
-        return meta, meta.get("max")
+        return meta, meta.get("max"), meta.get("codec")
 
 
 class Clock:
@@ -91,7 +98,8 @@ def test_what_the_cluster_says_is_kept_good_forever_bad_for_a_while() -> None:
     cluster.add("dgstream.replies.ro", ops=["READ", "DESCRIBE"])
     guard = TopicGuard(_settings(), cluster.describe, clock)
     ok = guard.lookup("dgstream.replies.ok")
-    assert ok is not None and ok.refusal is None and ok.max_bytes == 1_048_576
+    assert ok is not None and ok.refusal is None
+    assert ok.limit == Limit(1_048_576, 1_048_588, "producer")
     known = guard.lookup("dgstream.replies.nope")
     missing = known.refusal if known else None
     assert missing is not None and missing.code == ErrorCode.REPLY_TOPIC_UNKNOWN
@@ -107,30 +115,56 @@ def test_what_the_cluster_says_is_kept_good_forever_bad_for_a_while() -> None:
     assert cluster.asked.count("dgstream.replies.ok") == 1
 
 
-def test_a_question_that_fails_refuses_nothing_and_is_asked_again() -> None:
-    def down(topic: str) -> tuple[dict[str, Any], int | None]:
+def test_a_question_that_fails_refuses_nothing_and_is_asked_again_a_minute_later() -> None:
+    def down(topic: str) -> tuple[dict[str, Any], int | None, str | None]:
         raise TimeoutError("the cluster is out of reach")
 
-    guard = TopicGuard(_settings(), down)
+    clock = Clock()
+    guard = TopicGuard(_settings(), down, clock)
+    assert guard.due("dgstream.replies.x")
     assert guard.lookup("dgstream.replies.x") is None
     assert guard.cached("dgstream.replies.x") is None
+    # A flood of records meanwhile does not ask again; a minute later, or a refused send,
+    # does.
+    assert not guard.due("dgstream.replies.x")
+    clock.now += BAD_TTL_S + 1
+    assert guard.due("dgstream.replies.x")
+    guard.lookup("dgstream.replies.x")
+    guard.forget("dgstream.replies.x")
+    assert guard.due("dgstream.replies.x")
 
 
-def test_a_record_larger_than_its_topic_takes_is_refused() -> None:
+def test_a_record_must_fit_the_producer_and_the_topic_each_by_its_own_measure() -> None:
+    """The producer compares kafka-python's estimate with max_request_size; the broker the
+    record's batch with max.message.bytes (and a topic's own codec may grow it)."""
     cluster = Cluster()
     cluster.add("results", max_bytes=2_000)
+    cluster.add("squeezed", max_bytes=2_000, codec="gzip")
     guard = TopicGuard(_settings(producer={"max_request_size": 1_500_000}), cluster.describe)
     guard.lookup("results")
-    headers = [("schema_version", b"1"), ("model", b"m"), ("worker", b"w")]
-    small = record_size(b"id", b"x" * 100, headers)
-    big = record_size(b"id", b"x" * 3_000, headers)
-    assert small < 2_000 < big
-    assert guard.too_large("results", small) is None
-    refusal = guard.too_large("results", big)
-    assert refusal is not None and refusal.code == ErrorCode.OUTPUT_TOO_LARGE
-    assert "2000" in refusal.message
-    # A topic never asked about: the producer's own limit.
-    assert guard.max_bytes("dead") == 1_500_000
+    guard.lookup("squeezed")
+    headers: list[tuple[str, bytes | None]] = [("schema_version", b"1"), ("worker", b"w")]
+
+    def value_for(size: int) -> bytes:  # a value whose lone batch is `size` bytes
+        n = size - batch_size(b"id", b"", headers) - 4  # below: a length takes up to 4 more
+        while batch_size(b"id", b"x" * n, headers) < size:
+            n += 1
+        assert batch_size(b"id", b"x" * n, headers) == size
+        return b"x" * n
+
+    limit = guard.limit("results")
+    assert limit.fits(b"id", value_for(2_000), headers)
+    assert not limit.fits(b"id", value_for(2_001), headers)
+    # The estimate counts up to 18 bytes more than the lone batch: it is not what the
+    # broker compares (an estimate of 2,000 is a batch of 1,985).
+    assert record_size(b"id", value_for(2_000), headers) > 2_000
+    # gzip on the broker: deflate's and gzip's framing on top.
+    assert not guard.limit("squeezed").fits(b"id", value_for(2_000), headers)
+    assert guard.limit("squeezed").fits(b"id", value_for(1_900), headers)
+    # A topic never asked about: the producer's own limit, by its estimate.
+    never = guard.limit("dead")
+    assert never == Limit(1_500_000) and never.batch is None
+    assert never.max_size_of == 1_500_000 - record_size(None, None, []) + 3
 
 
 # --------------------------------------------------------------------------- poison

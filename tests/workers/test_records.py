@@ -74,6 +74,19 @@ def test_ours_win_a_collision_ignoring_case() -> None:
     assert {"schema_version", "model", "worker", "error_code"} <= OWN_HEADERS
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dgstream.dead_letter.format",  # copied onto a JSON dead letter: read as a raw one
+        "dgstream.shrunk",  # copied onto a whole result: said to be cut
+        "dgstream.shrunk.headers",
+        "dgstream.source.offset",
+    ],
+)
+def test_an_input_header_that_would_misdescribe_an_output_is_not_copied(name: str) -> None:
+    assert output_headers([(name, b"raw"), TRACE], OURS) == [TRACE, *OURS]
+
+
 def test_no_input_headers() -> None:
     assert output_headers(None, OURS) == OURS
     assert output_headers([], []) == []
