@@ -18,7 +18,11 @@ class ErrorCode(StrEnum):
       not an object), UNSUPPORTED_SCHEMA_VERSION, INVALID_CLOUDEVENT (a structured-mode
       CloudEvent that breaks CloudEvents 1.0 or carries no JSON request: specversion not
       "1.0", id, source or type missing or empty, a datacontenttype that is not JSON, no
-      data, both data and data_base64, data_base64 not base64, a batch of events).
+      data, both data and data_base64, data_base64 not base64, a batch of events),
+      BATCH_TOO_LARGE (the record batch that holds the record decompresses to more than the
+      worker's bound, consumer.max_batch_bytes: none of its records is read; the batch
+      gets one dead letter, at its last offset, whose message names its offsets and whose
+      original is empty: the bytes stay in the input topic).
 
     Framing (a pipeline told its values carry the Confluent wire format: a 0x00 magic
     byte, a 4-byte big-endian schema id, then the JSON):
@@ -88,6 +92,7 @@ class ErrorCode(StrEnum):
     NOT_AN_OBJECT = "NOT_AN_OBJECT"
     UNSUPPORTED_SCHEMA_VERSION = "UNSUPPORTED_SCHEMA_VERSION"
     INVALID_CLOUDEVENT = "INVALID_CLOUDEVENT"
+    BATCH_TOO_LARGE = "BATCH_TOO_LARGE"
     # framing
     NOT_FRAMED = "NOT_FRAMED"
     SCHEMA_ID_UNKNOWN = "SCHEMA_ID_UNKNOWN"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -241,23 +242,152 @@ def _validate(
 
 
 def request_id_hint(raw: bytes | None) -> str | None:
-    """Best effort: the `id` of a message that was refused, if it is JSON with a valid id."""
+    """Best effort: the `id` of a message that was refused, if it is JSON with a valid id.
+
+    A message of up to HINT_LOAD_BYTES is parsed whole; a longer one (refused, most likely
+    for its size, and perhaps only its first bytes: a dead letter's prefix, the consumer's
+    `CutValue`) never is: its top-level members are scanned for `id` (and a CloudEvent's
+    `data.id`) without building their values, as far as the bytes hold a JSON object
+    (`_scan_ids`); what follows, complete or not, is not read."""
     if not raw:
         return None
-    try:
-        obj = json.loads(bytes(raw).decode("utf-8"))
-    except (ValueError, RecursionError, TypeError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    candidates = [obj.get("id")]
-    if "specversion" in obj:  # a structured CloudEvent: the request's id, else the event's
-        data = obj.get("data")
-        candidates.insert(0, data.get("id") if isinstance(data, dict) else None)
+    if len(raw) > HINT_LOAD_BYTES:
+        ident, specversion, data_id = _scan_ids(raw)
+        candidates = [data_id, ident] if specversion else [ident]
+    else:
+        try:
+            obj = json.loads(bytes(raw).decode("utf-8"))
+        except (ValueError, RecursionError, TypeError):
+            return None
+        if not isinstance(obj, dict):
+            return None
+        candidates = [obj.get("id")]
+        if "specversion" in obj:  # a structured CloudEvent: the request's id, else the event's
+            data = obj.get("data")
+            candidates.insert(0, data.get("id") if isinstance(data, dict) else None)
     for ident in candidates:
         if isinstance(ident, str) and _valid_id(ident):
             return ident
     return None
+
+
+# The id hint parses a message whole up to this size: `[[],...]` costs Python about 40
+# bytes of objects per byte of JSON, so at most a few MiB, however hostile.
+HINT_LOAD_BYTES = 64 * 1024
+# A longer one is scanned, and the scan gives up (no hint) after this many brackets and
+# strings outside the members it reads: about 10 ms of Python; a request has hundreds.
+_HINT_SCAN_STEPS = 10_000
+_WS = re.compile(rb"[ \t\n\r]*")
+# Possessive: a string without its closing quote fails in one pass, not by backtracking.
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)
+_SCALAR = re.compile(rb"[^\s,\]}]+")
+_STRUCTURAL = re.compile(rb'["\[\]{}]')
+# An id token longer than this cannot decode to a valid id (128 characters, each at most
+# a 12-byte escaped surrogate pair), so it is not decoded.
+_ID_TOKEN_BYTES = MAX_ID_CHARS * 12 + 2
+# Keys longer than this (as JSON text) are none of those the hint reads.
+_KEY_TOKEN_BYTES = 80
+_KEYS = ("id", "specversion", "data")
+_OPENING = (0x5B, 0x7B)  # "[", "{"
+
+
+class _Scan:
+    """A bounded walk over JSON bytes that skips values without building them."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw, self.steps = raw, _HINT_SCAN_STEPS
+
+    def ws(self, at: int) -> int:
+        m = _WS.match(self.raw, at)
+        return m.end() if m else at
+
+    def string(self, at: int) -> int:
+        m = _STRING.match(self.raw, at)
+        if m is None:
+            raise ValueError("no string")
+        return m.end()
+
+    def value(self, at: int) -> int:
+        """The end of the value at `at`."""
+        head = self.raw[at : at + 1]
+        if head == b'"':
+            return self.string(at)
+        if head not in (b"{", b"["):
+            m = _SCALAR.match(self.raw, at)
+            if m is None:
+                raise ValueError("no value")
+            return m.end()
+        depth = 0
+        while True:
+            self.steps -= 1
+            m = _STRUCTURAL.search(self.raw, at)
+            if m is None or self.steps < 0:
+                raise ValueError("no end, or too long a scan")
+            at = m.start()
+            c = self.raw[at]
+            if c == 0x22:  # '"'
+                at = self.string(at)
+                continue
+            depth += 1 if c in _OPENING else -1
+            at += 1
+            if depth == 0:
+                return at
+
+    def members(self, at: int, seen: dict[str, tuple[int, int]]) -> int:
+        """The members of the object at `at`: the spans of the values of `_KEYS` into
+        `seen` (the last of a repeated key, as json.loads keeps it); returns its end."""
+        if self.raw[at : at + 1] != b"{":
+            raise ValueError("no object")
+        at = self.ws(at + 1)
+        if self.raw[at : at + 1] == b"}":
+            return at + 1
+        while True:
+            self.steps -= 1
+            end = self.string(at)
+            key = json.loads(self.raw[at:end]) if end - at <= _KEY_TOKEN_BYTES else None
+            at = self.ws(end)
+            if self.raw[at : at + 1] != b":":
+                raise ValueError("no colon")
+            start = self.ws(at + 1)
+            at = self.value(start)
+            if key in _KEYS:
+                seen[key] = (start, at)
+            at = self.ws(at)
+            c = self.raw[at : at + 1]
+            if c == b"}":
+                return at + 1
+            if c != b",":
+                raise ValueError("no comma")
+            at = self.ws(at + 1)
+
+    def text(self, span: tuple[int, int] | None) -> str | None:
+        """The string at `span`, decoded when it could be an id."""
+        if span is None or span[1] - span[0] > _ID_TOKEN_BYTES:
+            return None
+        token = self.raw[span[0] : span[1]]
+        if not token.startswith(b'"'):
+            return None
+        try:
+            text = json.loads(token)
+        except ValueError:  # an escape JSON does not have, or bytes that are not UTF-8
+            return None
+        return text if isinstance(text, str) else None
+
+
+def _scan_ids(raw: Any) -> tuple[str | None, bool, str | None]:
+    """(top-level `id`, whether `specversion` is there, `data.id`) of the JSON object the
+    bytes start with, from the members read before the scan stopped: at the object's end,
+    at bytes that do not continue it (a message cut short, or no JSON), or after
+    _HINT_SCAN_STEPS. A repeated key counts its last value read, as json.loads keeps it."""
+    scan = _Scan(raw if isinstance(raw, bytes) else bytes(raw))
+    top: dict[str, tuple[int, int]] = {}
+    with contextlib.suppress(ValueError):
+        scan.members(scan.ws(0), top)
+    data: dict[str, tuple[int, int]] = {}
+    if "data" in top and scan.raw[top["data"][0] : top["data"][0] + 1] == b"{":
+        with contextlib.suppress(ValueError):
+            scan.members(top["data"][0], data)
+    return scan.text(top.get("id")), "specversion" in top, scan.text(data.get("id"))
 
 
 # --- JSON -----------------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 input is framed (`input_framing: confluent`: the magic byte and schema id read, the id
 checked against the registry when one is configured), then `schemas.parse_request` on the
 JSON. A refusal is a `RequestError` (the dead letter keeps the framed value as it came).
+
+Before any of that, what the consumer's bounds (`bound_consumer`) left of a value: a
+batch it did not read (BATCH_TOO_LARGE) or a value it kept only the start of
+(MESSAGE_TOO_LARGE, as the whole value would have been), refused without parsing.
 """
 
 from __future__ import annotations
@@ -11,14 +15,42 @@ from typing import Any
 
 from schemas import ClassificationRequest, ErrorCode, FallbackId, RequestError, parse_request
 from schemas.framing import unframe
+from workers.decompress import CutValue, UnreadBatch
+from workers.kafka_quirks import bound_batches
 from workers.metrics import WorkerMetrics
 from workers.registry import RegistryClient
 from workers.settings import WorkerSettings
 
-__all__ = ["InputReader"]
+__all__ = ["BATCH_RECORDS_AT_LIMIT", "InputReader", "bound_consumer", "bounds"]
 
 # While the registry is away, say so in the log at most this often (each record is counted).
 _UNVERIFIED_LOG_EVERY_S = 60.0
+# consumer.max_batch_bytes unset: a record batch may decompress to this many requests at
+# the size limit (32 MiB with the default 1 MiB). The defaults of the producers the field
+# uses stay far below: librdkafka's batch.size (1,000,000 bytes before compression) and
+# Java's and kafka-python's (16,384) fill a batch with 1 MB at most, plus one record of any
+# size; even a batch the broker takes whole (message.max.bytes, 1 MiB compressed) of
+# varied JSON (3x-10x under zstd) fits. A bomb does not: 200 MB of JSON in 19 KB of zstd.
+BATCH_RECORDS_AT_LIMIT = 32
+
+
+def bounds(settings: WorkerSettings) -> tuple[int, int]:
+    """(bytes one record batch may decompress to, bytes of one value kept whole).
+
+    The second is one byte over the most the worker could use: any value longer is
+    refused MESSAGE_TOO_LARGE (over max_message_bytes), and its dead letter holds at most
+    the producer's max_request_size of it, so the first bytes kept are all it needs."""
+    limits, explicit = settings.parse_limits, settings.consumer.max_batch_bytes
+    batch = explicit if explicit is not None else BATCH_RECORDS_AT_LIMIT * limits.max_message_bytes
+    value = max(limits.max_message_bytes, settings.producer.max_request_size) + 1
+    return batch, value
+
+
+def bound_consumer(consumer: Any, settings: WorkerSettings) -> bool:
+    """Bound what one record batch and one value cost this consumer in memory
+    (`workers.kafka_quirks.bound_batches` with `bounds(settings)`); call it on the
+    worker's consumer before its first poll. Returns whether the bound is in place."""
+    return bound_batches(consumer, *bounds(settings))
 
 
 class InputReader:
@@ -43,6 +75,14 @@ class InputReader:
     ) -> ClassificationRequest | RequestError:
         """`content_type`: the record's `content-type` header (a structured CloudEvent says
         so there)."""
+        if isinstance(value, UnreadBatch):
+            return RequestError(code=ErrorCode.BATCH_TOO_LARGE, message=value.describe())
+        if isinstance(value, CutValue):
+            limit = self._settings.parse_limits.max_message_bytes
+            return RequestError(
+                code=ErrorCode.MESSAGE_TOO_LARGE,
+                message=f"the message has {value.size} bytes; the limit is {limit}",
+            )
         if self._framed and value:  # no value at all stays EMPTY_MESSAGE
             got = self._unframe(value)
             if isinstance(got, RequestError):

@@ -16,6 +16,7 @@ from kafka.errors import ProducerFencedError
 
 __all__ = [
     "OFFSET_FETCH_TIMEOUT_MS",
+    "bound_batches",
     "committed_offset",
     "drop_refused_offsets",
     "fenced",
@@ -117,3 +118,120 @@ def fetching_partition(consumer: Any) -> tuple[str, int] | None:
         if tp is not None and hasattr(tp, "topic"):
             return str(tp.topic), int(tp.partition)
     return None
+
+
+def bound_batches(consumer: Any, batch_bytes: int, value_bytes: int) -> bool:
+    """Bound the memory one record batch costs the consumer. kafka-python 3.0 decompresses
+    a batch whole, however large (record/default_records.py, `_maybe_uncompress`, through
+    kafka/codec.py's decoders), and copies each value out of it whole (`_read_msg`): 19 KB
+    of zstd became 200 MB, then copies of it. From this call on, the consumer's fetcher
+    (`consumer._fetcher.PartitionRecords`, the class it builds for each fetched partition)
+    reads every v2 batch through `workers.decompress`, in chunks:
+
+    * a batch that decompresses past `batch_bytes` is not read: one record stands for it,
+      at its last offset (so the partition's position moves past the batch, as reading it
+      would have), without key or headers, its value an `UnreadBatch` saying where it is;
+    * a value longer than `value_bytes` is kept as a `CutValue`: its first `value_bytes`
+      bytes and its size.
+
+    Returns whether the bound is in place (False: a kafka-python without that private
+    state, or a consumer bounded already). Legacy batches (magic 0 and 1, which Kafka 4
+    brokers no longer serve) and lz4 read through lz4f or lz4framed keep kafka-python's
+    unbounded reading."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    fetcher: Any = getattr(consumer, "_fetcher", None)
+    base: Any = getattr(fetcher, "PartitionRecords", None)
+    if not isinstance(base, type) or getattr(base, "_dgstream_bounded", False):
+        return False
+    # The batch's private state `_BoundedBatch` reads and writes.
+    slots = set(getattr(DefaultRecordBatch, "__slots__", ()))
+    if not {"_buffer", "_pos", "_decompressed"} <= slots or not (
+        hasattr(DefaultRecordBatch, "_assert_has_codec")
+    ):
+        return False
+    parent: Any = base
+
+    def init(self: Any, fetch_offset: int, tp: Any, records: Any, *args: Any, **kw: Any) -> None:
+        bounded = _BoundedRecords(records, batch_bytes, value_bytes)
+        parent.__init__(self, fetch_offset, tp, bounded, *args, **kw)
+
+    members = {"__init__": init, "_dgstream_bounded": True}
+    # An instance attribute: this consumer's fetcher only, not kafka-python's class.
+    fetcher.PartitionRecords = type("BoundedPartitionRecords", (base,), members)
+    return True
+
+
+class _BoundedRecords:
+    """A fetched partition's MemoryRecords whose v2 batches read within the bounds."""
+
+    __slots__ = ("_batch_bytes", "_records", "_value_bytes")
+
+    def __init__(self, records: Any, batch_bytes: int, value_bytes: int) -> None:
+        self._records, self._batch_bytes, self._value_bytes = records, batch_bytes, value_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._records, name)
+
+    def next_batch(self, *args: Any, **kw: Any) -> Any:
+        batch = self._records.next_batch(*args, **kw)
+        if batch is None or getattr(batch, "magic", None) != 2:
+            return batch
+        return _BoundedBatch(batch, self._batch_bytes, self._value_bytes)
+
+
+class _BoundedBatch:
+    """A v2 record batch (kafka-python's DefaultRecordBatch) iterated within the bounds;
+    everything else is the batch's own."""
+
+    __slots__ = ("_batch", "_batch_bytes", "_value_bytes")
+
+    def __init__(self, batch: Any, batch_bytes: int, value_bytes: int) -> None:
+        self._batch, self._batch_bytes, self._value_bytes = batch, batch_bytes, value_bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def __next__(self) -> Any:  # the fetcher reads a control batch's marker this way
+        return next(self._batch)
+
+    def __iter__(self) -> Any:
+        from workers.decompress import OverBound, UnreadBatch, decompress
+
+        batch = self._batch
+        codec = batch.compression_type
+        if not batch._decompressed and codec != batch.CODEC_NONE:
+            batch._assert_has_codec(codec)  # kafka-python's refusal of a missing library
+            with memoryview(batch._buffer) as whole, whole[batch._pos :] as data:
+                try:
+                    out = decompress(codec, data, self._batch_bytes)
+                except OverBound:
+                    from kafka.record.default_records import DefaultRecord
+
+                    value = UnreadBatch.of(batch, self._batch_bytes)
+                    return iter(
+                        [
+                            DefaultRecord(
+                                batch.size_in_bytes,
+                                batch.last_offset,
+                                batch.max_timestamp,
+                                batch.timestamp_type,
+                                None,
+                                value,
+                                [],
+                            )
+                        ]
+                    )
+            if out is not None:  # else kafka-python decompresses it (unbounded)
+                batch._buffer, batch._pos, batch._decompressed = out, 0, True
+        return self._cut(iter(batch))
+
+    def _cut(self, records: Any) -> Any:
+        from workers.decompress import CutValue
+
+        keep = self._value_bytes
+        for record in records:
+            value = record.value
+            if value is not None and len(value) > keep and hasattr(record, "_value"):
+                record._value = CutValue.of(value, keep)
+            yield record

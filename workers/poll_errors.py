@@ -8,6 +8,12 @@ so the worker stops with an `UnreadableBatch` that says what and where; the acto
 it, the controller backs its restarts off, and the operator decides (docs/operations.md,
 "A batch that cannot be read": fix the cause, or skip the batch with `dgstream
 skip-batch`). Nothing is skipped unless the operator asks.
+
+A batch that decompresses past the worker's bound (`workers.inputs.bound_consumer`) is
+not one of these: it is readable as far as the bound, so the consumer returns one record
+standing for it, which the worker dead-letters (BATCH_TOO_LARGE) and commits past like any
+other; its partition moves on without an operator. The bounded reading decompresses with
+the same libraries, and their refusals are still UNDECODABLE_BATCH (`Undecodable`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 
+from workers.decompress import Undecodable
 from workers.errors import WorkerFailed
 from workers.kafka_quirks import fetching_partition
 
@@ -81,7 +88,7 @@ def _cause(exc: BaseException) -> str | None:
         return "UNSUPPORTED_CODEC"
     if isinstance(exc, CorruptRecordError):
         return "CORRUPT_BATCH"
-    if _from_record_decoding(exc):
+    if isinstance(exc, Undecodable) or _from_record_decoding(exc):
         return "UNDECODABLE_BATCH"
     return None
 

@@ -436,3 +436,89 @@ def test_a_refusal_that_names_a_field_below_its_model_keeps_the_path(
         }
     )
     assert (code, path) == (ErrorCode.EMPTY_INSTRUCTIONS, field)
+
+
+# --- the id hint of a long message: scanned, never parsed whole --------------------------------
+
+_LONG = "s" * (70 * 1024)  # past HINT_LOAD_BYTES (64 KiB)
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        (_raw({"id": "first", "state": _LONG}), "first"),
+        (_raw({"state": _LONG, "metadata": {"id": "inner"}, "id": "last"}), "last"),
+        (b'{"id": "one", "s": "' + _LONG.encode() + b'", "id": "two"}', "two"),
+        (b'{"\\u0069d": "escaped", "s": "' + _LONG.encode() + b'"}', "escaped"),
+        (_raw({"specversion": "1.0", "id": "evt", "data": {"s": _LONG, "id": "req"}}), "req"),
+        (_raw({"specversion": "1.0", "id": "evt", "data": {"s": _LONG}}), "evt"),
+        (_raw({"id": "evt", "data": {"s": _LONG, "id": "req"}}), "evt"),
+        (_raw({"id": 7, "state": _LONG}), None),
+        (_raw({"id": "x" * 129, "state": _LONG}), None),
+        (_raw({"state": _LONG}), None),
+        (_raw({"id": "ok", "state": _LONG})[:-1], "ok"),
+        (_raw({"id": "ok", "state": _LONG}) + b" x", "ok"),
+        (_raw({"state": _LONG, "id": "cut"})[:-3], None),
+        (_raw([{"id": "in-a-list"}, _LONG]), None),
+        (b'{"id": "ok", "s": "' + _LONG.encode(), "ok"),
+        (b'{"s": "' + _LONG.encode() + b'", "id": "read"', "read"),
+        (b'{"id": "ok" "s": 1, "pad": "' + _LONG.encode() + b'"}', "ok"),
+        (b'{"pad": "' + _LONG.encode() + b'" "id": "after"}', None),
+        (b'{"id": "\\q", "pad": "' + _LONG.encode() + b'"}', None),
+    ],
+    ids=[
+        "first",
+        "after-a-nested-id",
+        "repeated-the-last",
+        "escaped-key",
+        "event-data-id",
+        "event-id",
+        "data-without-specversion",
+        "not-a-string",
+        "too-long",
+        "none",
+        "cut-after-the-id",
+        "trailing-junk",
+        "cut-inside-the-id",
+        "not-an-object",
+        "unclosed-string-after-the-id",
+        "unclosed-object",
+        "no-comma-after-the-id",
+        "no-comma-before-the-id",
+        "bad-escape",
+    ],
+)
+def test_a_long_message_is_scanned_for_its_id(raw: bytes, hint: str | None) -> None:
+    from schemas import request_id_hint
+    from schemas.parse import HINT_LOAD_BYTES
+
+    assert len(raw) > HINT_LOAD_BYTES
+    assert request_id_hint(raw) == hint
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"id": "b", "m": [' + b"[]," * 600_000 + b"[]]}",
+        b'{"m": [' + b"[]," * 600_000 + b'[]], "id": "b"}',
+        b"[" + b"[]," * 600_000 + b"[]]",
+        b'{"id": "b", "s": "' + b"\\u00e9" * 300_000 + b'"}',
+    ],
+    ids=["bomb-after-the-id", "bomb-before-the-id", "bomb", "escapes"],
+)
+def test_the_id_hint_of_a_bomb_allocates_next_to_nothing(raw: bytes) -> None:
+    """Parsed whole, 1.8 MB of `[]` would be some 70 MB of Python lists; the scan builds
+    none of them (a bomb before the id exhausts its budget: no hint; after it, the id
+    has been read)."""
+    import tracemalloc
+
+    from schemas import request_id_hint
+
+    tracemalloc.start()
+    try:
+        hint = request_id_hint(raw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, peak
+    assert hint == (None if raw.startswith((b"[", b'{"m"')) else "b")

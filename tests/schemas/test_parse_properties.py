@@ -325,3 +325,49 @@ def test_escaped_backslash_u_is_not_a_surrogate() -> None:
     raw = json.dumps({**GOOD_BODY, "state": "\\ud800 is how JSON writes it"}).encode()
     parsed = parse_request(raw)
     assert isinstance(parsed, ClassificationRequest)
+
+
+# --- the dead letter's id hint on long values ---------------------------------------------------
+
+_PAD = "\u0000pad"  # a key no generated document uses for anything that matters to the hint
+IDS = st.none() | st.sampled_from(["req-1", "evt 9", "x" * 128, "x" * 129, "a\nb", ""]) | ANY_TEXT
+
+
+@PROPERTY
+@given(
+    st.dictionaries(ANY_TEXT, HOSTILE, max_size=4),
+    IDS,
+    st.none() | st.dictionaries(ANY_TEXT, HOSTILE, max_size=3),
+    IDS,
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_long_message_gives_the_id_hint_a_short_one_gives(
+    body: dict[str, Any],
+    ident: str | None,
+    data: dict[str, Any] | None,
+    data_id: str | None,
+    event: bool,
+    pad_first: bool,
+) -> None:
+    """Past HINT_LOAD_BYTES the hint is scanned, not parsed; it must say what parsing says
+    (the request's id; an event's data.id, else its id), wherever the padding lies."""
+    from schemas import request_id_hint
+    from schemas.parse import HINT_LOAD_BYTES
+
+    doc = {k: v for k, v in body.items() if k != _PAD}
+    if ident is not None:
+        doc["id"] = ident
+    if event:
+        doc["specversion"] = "1.0"
+    if data is not None:
+        doc["data"] = {**data, **({} if data_id is None else {"id": data_id})}
+    pad = {_PAD: "p" * HINT_LOAD_BYTES}
+    long = {**pad, **doc} if pad_first else {**doc, **pad}
+    short_hint = request_id_hint(json.dumps(doc).encode())
+    raw = json.dumps(long).encode()
+    assert len(raw) > HINT_LOAD_BYTES
+    assert request_id_hint(raw) == short_hint
+    # Cut short (as the consumer's CutValue and a truncated dead letter are), it is read
+    # as far as the bytes go: here, every member but the last byte.
+    assert request_id_hint(raw[:-1]) == short_hint

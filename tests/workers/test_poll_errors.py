@@ -89,3 +89,25 @@ def test_the_crc_message_names_the_place_when_the_fetcher_does_not() -> None:
 def test_an_unknown_place_is_said_so() -> None:
     got = unreadable_batch(UnsupportedCodecError("zstd"), None)
     assert got is not None and got.where == "an unknown partition" and got.offset is None
+
+
+def test_a_codec_refusal_in_the_bounded_reading_is_an_undecodable_batch() -> None:
+    """The worker's consumer decompresses through `workers.decompress` (its frames are
+    ours, not kafka-python's codec module): the codec's refusal is still named."""
+    from workers.decompress import Undecodable
+
+    try:
+        raise Undecodable("zstd: ZstdError: Unknown frame descriptor") from ValueError("x")
+    except Undecodable as exc:
+        got = unreadable_batch(exc, _Consumer(TopicPartition("orders", 3), 77))
+    assert got is not None and got.cause == "UNDECODABLE_BATCH"
+    assert (got.topic, got.partition, got.offset) == ("orders", 3, 77)
+    assert "Unknown frame descriptor" in got.detail
+
+
+def test_a_batch_past_the_bound_is_no_poll_error() -> None:
+    """It is read as far as the bound and stands as one record (dead-lettered), so its
+    partition moves on: nothing about it reaches the poll as an error."""
+    from workers.decompress import OverBound
+
+    assert unreadable_batch(OverBound(1 << 20, 2 << 20), _Consumer(None, 0)) is None

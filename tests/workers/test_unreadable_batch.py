@@ -202,3 +202,40 @@ def test_a_codec_this_process_lacks_is_named(
     out = p.reader()
     want = {k for v in ids.values() for k in v}
     out.read_until(lambda r: want <= set(r.keys()), 90, "every request answered")
+
+
+def _undecodable(batch: segments.Batch) -> None:
+    """Spoil the batch's zstd frame (its magic number, the first bytes after the batch's
+    61-byte header) and write the CRC that covers the new bytes: the batch passes its CRC
+    check and the codec refuses it."""
+    from kafka.record.util import calc_crc32c
+
+    header, crc_at, attrs_at = 61, 17, 21
+    with open(batch.file, "r+b") as f:
+        f.seek(batch.position)
+        data = bytearray(f.read(batch.size))
+        data[header : header + 4] = b"\xff\xff\xff\xff"
+        data[crc_at : crc_at + 4] = calc_crc32c(bytes(data[attrs_at:])).to_bytes(4, "big")
+        f.seek(batch.position)
+        f.write(data)
+
+
+def test_a_batch_its_codec_refuses_stops_the_worker_as_undecodable(
+    one_partition: Pipeline,
+    worker_threads: list[WorkerThread],
+    kafka_broker: BrokerInfo,
+) -> None:
+    """The worker's consumer decompresses within its memory bound (`workers.decompress`):
+    what the codec library refuses there is still UNDECODABLE_BATCH, not a worker error
+    and not a bomb to dead-letter."""
+    p = one_partition
+    ids = _produce_around_a_batch(p, codec="zstd")
+    data = kafka_broker.nodes[0].data_dir
+    (bad,) = [b for b in segments.batches(data, p.input, 0) if b.base_offset == BEFORE]
+    assert bad.codec == "zstd" and bad.last_offset == BEFORE + INSIDE - 1
+    _undecodable(bad)
+    err = _failed(p, worker_threads)
+    assert err.cause == "UNDECODABLE_BATCH", err.as_dict()
+    assert "zstd" in err.detail.lower()
+    _check_stopped_at_the_batch(p, ids, err)
+    _skip_and_resume(p, ids, worker_threads, kafka_broker.bootstrap)
