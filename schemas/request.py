@@ -27,7 +27,13 @@ from schemas._version import SchemaVersion
 from schemas.cloudevents import EventRef
 from schemas.content import CONTENT_SCHEMA, NULL_LEVEL_NAME, Content, json_depth, to_text
 from schemas.errors import ErrorCode, RequestRejected
-from schemas.names import QUESTION_ID_PATTERN, TOPIC_PATTERN, is_question_id
+from schemas.names import (
+    QUESTION_ID_PATTERN,
+    TOPIC_PATTERN,
+    is_question_id,
+    label_defect,
+    label_key,
+)
 
 QuestionKind = Literal["yes_no", "choice", "score"]
 # Where a request's id came from: its body, the structured CloudEvent that carried it, the
@@ -51,6 +57,24 @@ MAX_MODEL_CHARS = 128
 
 _ID_PATTERN = r"^[^\x00-\x1F\x7F-\x9F]+$"
 _YES_NO_ANSWERS = ("yes", "no")
+
+# Option and level names are labels: the model is asked about them and a reviewer reads them
+# (schemas.names: `label_defect`, `label_key`). The published schema and the errors say so.
+_LABEL_RULES = (
+    "without bidirectional controls or invisible characters (zero-width, soft hyphen, "
+    "variation selectors, tags; a ZWJ or ZWNJ only where a script or an emoji joins with "
+    "it), and unique as Unicode NFKC with case folded, spacing and invisible characters "
+    "ignored."
+)
+_PLAIN = "a label must read as what it is"
+_COMPARED = "names are compared as Unicode NFKC, ignoring case, spacing and invisible characters"
+
+
+def _alike(name: str, other: str) -> str:
+    """`name repeats other`, with their code points when the two would print alike."""
+    if name != other and not (name.isascii() and other.isascii()):
+        return f"{name!r} repeats {other!r}: {name!a} and {other!a}"
+    return f"{name!r} repeats {other!r}"
 
 
 _Instructions = Annotated[
@@ -155,8 +179,7 @@ class ChoiceQuestion(_QuestionBase):
         max_length=MAX_OPTIONS,
         description="Option name -> description (text, JSON read as its text, or null), in "
         "order. 2..26 options: one read carries one single-token label per option (A..Z). "
-        "Names are not blank, at most 64 characters, and unique ignoring case and surrounding "
-        "space.",
+        "Names are not blank, at most 64 characters, " + _LABEL_RULES,
     )
 
     @field_validator("criteria", mode="before")
@@ -184,12 +207,17 @@ class ChoiceQuestion(_QuestionBase):
                     f"option name {name!r} must be 1..{MAX_OPTION_CHARS} characters, not blank, "
                     "without control characters",
                 )
-            key = stripped.casefold()
+            defect = label_defect(name)
+            if defect is not None:
+                raise fail(
+                    ErrorCode.INVALID_OPTION_NAME,
+                    f"option name {name!r} holds {defect}: {_PLAIN}",
+                )
+            key = label_key(name)
             if key in seen:
                 raise fail(
                     ErrorCode.DUPLICATE_OPTION,
-                    f"option {name!r} repeats {seen[key]!r} (names are compared ignoring case "
-                    "and surrounding space)",
+                    f"option {_alike(name, seen[key])} ({_COMPARED})",
                 )
             seen[key] = name
         return value
@@ -219,8 +247,7 @@ class ScoreQuestion(_QuestionBase):
         max_length=MAX_LEVELS,
         description="Level names (text, JSON read as its text, or null), lowest first; "
         'numbered 1..n in results. A null level is named "level <i>" with i its 0-based '
-        "position (its Jev score). Names are not blank and unique ignoring case and "
-        "surrounding space.",
+        "position (its Jev score). Names are not blank, " + _LABEL_RULES,
     )
 
     @field_validator("criteria")
@@ -235,13 +262,18 @@ class ScoreQuestion(_QuestionBase):
                     ErrorCode.INVALID_LEVEL_NAME,
                     f"level name {level!r} must not be blank or hold control characters",
                 )
-            key = stripped.casefold()
+            defect = label_defect(level)
+            if defect is not None:
+                raise fail(
+                    ErrorCode.INVALID_LEVEL_NAME,
+                    f"level name {level!r} holds {defect}: {_PLAIN}",
+                )
+            key = label_key(level)
             if key in seen:
                 null = " (a null level is named by its 0-based position)" if None in value else ""
                 raise fail(
                     ErrorCode.DUPLICATE_LEVEL,
-                    f"level {level!r} repeats {seen[key]!r} (names are compared ignoring case "
-                    f"and surrounding space){null}",
+                    f"level {_alike(level, seen[key])} ({_COMPARED}){null}",
                 )
             seen[key] = level
         return value

@@ -1,7 +1,8 @@
 """`dgstream demo`: the main job on this machine, end to end.
 
 1. Start a real Kafka broker on loopback (its own state folder, a free port).
-2. Start a local Ray cluster (token authentication on, the dashboard on 127.0.0.1).
+2. Start a local Ray cluster (token authentication on, every server on 127.0.0.1, the
+   dashboard and the metrics endpoints among them: topology.local_ray).
 3. Start the moderation topology's controller; it creates the topics and starts a worker
    (a Ray actor) with the embedded demo model.
 4. Produce sample events (and one malformed message) with the truth in their metadata.
@@ -90,6 +91,7 @@ def run_demo(
     from infra.kafka import broker
     from topology.controller import start_controller
     from topology.demo_tasks import MODERATION_QUESTIONS
+    from topology.local_ray import start_local_ray
     from workers.kafka_admin import ensure_topics
 
     t0 = time.perf_counter()
@@ -103,14 +105,7 @@ def run_demo(
         print(f"   ready at {info.bootstrap} in {info.start_seconds:.1f}s", flush=True)
 
         print("2. starting a local Ray cluster (token authentication on) ...", flush=True)
-        ctx = ray.init(
-            address="local",
-            namespace="dgstream-demo",
-            include_dashboard=True,
-            dashboard_host="127.0.0.1",
-            _temp_dir=ray_tmp,
-            log_to_driver=False,
-        )
+        ctx = start_local_ray(ray_tmp, "dgstream-demo")
         print(f"   Ray dashboard: http://{ctx.dashboard_url}", flush=True)
 
         print("3. starting the moderation topology (controller and worker) ...", flush=True)
@@ -281,8 +276,9 @@ def _summary(
 
 def main(events: int | None, timeout_s: float = 600.0) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Ray reads its authentication mode when it is imported: set it first. Ray's servers
-    # listen on every interface of the machine; the token keeps strangers out.
+    # Ray reads its authentication mode when it is imported: set it first. The demo's Ray
+    # listens on loopback only (start_local_ray); the token keeps out the machine's other
+    # users, except from the metrics endpoints, which Ray serves without one.
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     os.environ.setdefault(LOCAL_WORKER_NICENESS[0], LOCAL_WORKER_NICENESS[1])
