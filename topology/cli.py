@@ -182,8 +182,13 @@ def _watch(ctl: Any, interval: float, deployment: str, namespace: str) -> bool:
                     "ready": p["ready"],
                     "lag": p["lag"],
                     "req/s": p["throughput_per_s"],
-                    # Why replicas are not ready (a batch they cannot read, say), when known.
-                    **({"failing": _failing_text(p["failing"])} if p.get("failing") else {}),
+                    # Why replicas are not healthy (a batch they cannot read, a restart loop,
+                    # no progress), when known.
+                    **(
+                        {"failing": _failing_text(p["failing"], with_state=True)}
+                        if p.get("failing")
+                        else {}
+                    ),
                 }
                 for n, p in st["pipelines"].items()
             }
@@ -287,7 +292,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if ctl is None:
             return _no_controller(spec)
         st = ray.get(ctl.status.remote(), timeout=60)
-    # Non-zero while a pipeline has replicas failing (`docs/operations.md`, "Status").
+    # 1 while a pipeline has replicas FAILING or STALLED (docs/operations.md, "Health:
+    # STALLED and FAILING"): a health check can call this.
     rc = _FAILING if any(p.get("failing") for p in st["pipelines"].values()) else 0
     if args.json:
         print(json.dumps(st, indent=2, default=str))
@@ -304,24 +310,29 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"{p['throughput_per_s']:>8.1f}  {last}"
         )
         for f in p.get("failing", []):
-            print(f"  FAILING {f['replica']}: {_failing_text([f])}")
+            print(f"  {f.get('state', 'FAILING')} {f['replica']}: {_failing_text([f])}")
     return rc
 
 
-# `dgstream status`'s exit status while a pipeline is failing (3 is "no controller").
+# `dgstream status`'s exit status while a pipeline is FAILING or STALLED (3 is "no
+# controller").
 _FAILING = 1
 
 
-def _failing_text(failing: list[dict[str, Any]]) -> str:
-    """One line for the failing replicas: the first one's error, its restart, the rest."""
+def _failing_text(failing: list[dict[str, Any]], *, with_state: bool = False) -> str:
+    """One line for the replicas that are not healthy: the first one's cause and error, its
+    restart, the rest (with its state, FAILING or STALLED, first when `with_state`)."""
     f = failing[0]
-    text = f["error"] or f["cause"]
+    cause, error = f["cause"], f["error"]
+    text = error if error and cause in error else f"{cause}: {error}" if error else cause
+    if with_state:
+        text = f"{f.get('state', 'FAILING')} {f['replica']}: {text}"
     if f.get("restart_in_s") is not None:
         text += f" (restart in {f['restart_in_s']:.0f} s, failure {f['failures']} in a row)"
     elif f.get("failures"):
         text += f" (failure {f['failures']} in a row)"
     if len(failing) > 1:
-        text += f"; {len(failing) - 1} more replica(s) failing"
+        text += f"; {len(failing) - 1} more replica(s) failing or stalled"
     return str(text)
 
 

@@ -5,6 +5,12 @@ Every `autoscale.poll_interval_s` each pipeline's `PipelineRunner.tick` measures
 counts the replicas that could run, decides the size (`topology.autoscaler`), applies it,
 replaces dead replicas and publishes the tick's record; docs/architecture.md, "The
 controller's tick", walks through the numbered steps.
+
+Health (docs/operations.md, "Health: STALLED and FAILING"): a replica that reports itself
+stalled (`workers.status`), or has stopped answering its status calls, is STALLED; one
+that fails, waits for a restart, or restarts in a loop (`RestartLoops`: Ray's restarts of
+its process and the controller's alike) is FAILING. `dgstream status` exits 1 while either
+holds, and `dgstream_failing{cause}` counts them.
 """
 
 from __future__ import annotations
@@ -60,10 +66,36 @@ _KAFKA_RECHECK_S = 30.0
 # A failed replica asked to end itself (so that Ray records why) is given this long before
 # it is killed: the call only raises SystemExit in the actor, milliseconds.
 _EXIT_WAIT_S = 10.0
+# The cause codes of the health checks (`dgstream_failing{cause}`, `dgstream status`).
+STALLED = "STALLED"
+CRASH_LOOP = "CRASH_LOOP"
 
 
 def controller_name(deployment: str) -> str:
     return f"{CONTROLLER_PREFIX}-{deployment}"
+
+
+def _actor_info(handle: Any) -> dict[str, Any] | None:
+    """The GCS's record of the actor behind `handle` (its "State": ALIVE, RESTARTING, DEAD
+    ...; "NumRestarts": what `ray list actors --detail` and the dashboard's "Restarted"
+    column show). Read through `ray._private.state` (a developer API): the public state
+    API needs the dashboard, which a cluster may run without. None when it cannot tell."""
+    try:
+        from ray._private.state import actors
+
+        info: dict[str, Any] = actors(actor_id=handle._actor_id.hex())
+        return info or None
+    except Exception:
+        return None
+
+
+def _ray_restarts(handle: Any) -> int | None:
+    """How many times Ray has restarted the actor behind `handle` (None: unknown)."""
+    info = _actor_info(handle)
+    try:
+        return None if info is None else int(info["NumRestarts"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass
@@ -88,6 +120,60 @@ class _Replica:
     cause: str | None = None
     # Gone: when it may be started again (the restart backoff); None while it runs.
     retry_at: float | None = None
+    # Its last report's stall (`workers.status.Stall.describe()`) and for how long.
+    stall: str | None = None
+    stalled_for_s: float = 0.0
+    # When its last status call was answered (None: never, or Ray is restarting it).
+    answered_at: float | None = None
+    # How many times Ray had restarted its actor when last asked (None: not asked yet).
+    ray_restarts: int | None = None
+    started_wall: float = field(default_factory=time.time)  # when it was created (time.time)
+    taken_down: bool = False  # killed by the controller: gone, whatever Ray says of it
+
+
+@dataclass
+class RestartLoops:
+    """Restarts of each replica in a row, whoever restarted it (Ray, after its process
+    died; the controller, after it stopped) and whatever ended it. `threshold` restarts with
+    no healthy stretch of `healthy_after_s` between them are a restart loop: the replica is
+    FAILING (CRASH_LOOP) until it has been healthy (running, no error, not stalled) that
+    long in a row. "In a row" rather than "within a fixed window": a worker that loads vLLM
+    takes minutes to start, so a loop of it would never fit a short window.
+
+    Plain Python on the controller's clock (tested with a fake one)."""
+
+    threshold: int
+    healthy_after_s: float
+    _count: dict[int, int] = field(default_factory=dict)
+    _healthy_since: dict[int, float] = field(default_factory=dict)
+
+    def restarted(self, index: int, n: int = 1) -> bool:
+        """Replica `index` was restarted `n` more times; returns whether it is looping."""
+        if n > 0:
+            self._count[index] = self._count.get(index, 0) + n
+            self._healthy_since.pop(index, None)
+        return self.looping(index)
+
+    def healthy(self, index: int, now: float) -> None:
+        """Replica `index` reported serving; after `healthy_after_s` of it in a row its
+        restarts are forgotten."""
+        since = self._healthy_since.setdefault(index, now)
+        if now - since >= self.healthy_after_s:
+            self._count.pop(index, None)
+
+    def unhealthy(self, index: int) -> None:
+        self._healthy_since.pop(index, None)
+
+    def restarts(self, index: int) -> int:
+        return self._count.get(index, 0)
+
+    def looping(self, index: int) -> bool:
+        return self._count.get(index, 0) >= self.threshold
+
+    def forget(self, index: int) -> None:
+        """The replica was removed on purpose (scale-in)."""
+        self._count.pop(index, None)
+        self._healthy_since.pop(index, None)
 
 
 @dataclass
@@ -107,6 +193,7 @@ class PipelineRunner:
     throughput: float = 0.0
     busy: float | None = None
     restarts: int = 0
+    ray_restarts: int = 0  # restarts of replicas' processes by Ray, as the controller saw
     scaling_decisions: int = 0
     # Bundles this pipeline wants from Ray's autoscaler ([] = nothing beyond what it has).
     resource_request: list[dict[str, float]] = field(default_factory=list)
@@ -135,6 +222,8 @@ class PipelineRunner:
         )
         r = self.spec.restarts
         self.backoff = RestartBackoff(r.initial_backoff_s, r.max_backoff_s, r.reset_after_s)
+        self.loops = RestartLoops(r.loop_restarts, r.reset_after_s)
+        self._ray_restarts_now = 0  # Ray's restarts seen this tick (the restarts counter)
         # Per replica index: the cause and error of its last failure, shown while its
         # restarts are backed off (its replacement may run for a while before failing).
         self._last_failure: dict[int, tuple[str | None, str | None]] = {}
@@ -169,6 +258,7 @@ class PipelineRunner:
             calibration=s.calibration,
             shadow=s.shadow,
             tracing=self.topology.tracing,
+            stall_after_s=s.stall_after_s,
             replica=replica,
             resources=ActorResources(
                 gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom
@@ -195,6 +285,7 @@ class PipelineRunner:
     def tick(self) -> Decision:
         now, wall = self.clock(), time.time()
         self._events = []
+        self._ray_restarts_now = 0
         # 0. once: topics, and the replicas a previous controller left
         self._setup()
         # 1. measure: the lag from Kafka, the replicas' counters
@@ -320,7 +411,59 @@ class PipelineRunner:
         done = self._ask_all(reps)
         dead = {r.index for r in reps if self._read_status(r, done, now)}
         self._update_rates(now)
+        for r in reps:
+            if not r.draining and r.index not in dead and self._count_ray_restarts(r):
+                dead.add(r.index)
         return dead
+
+    def _count_ray_restarts(self, r: _Replica) -> bool:
+        """Count the restarts Ray made of `r`'s actor since the last tick (its process died:
+        Ray starts it again at once, without the controller's backoff). True when `r`
+        restarts in a loop: it is then taken down with the cause and restarted by the
+        controller, after its backoff (`_replace_dead`), and the Ray dashboard shows it
+        DEAD with the loop as its exit detail."""
+        if r.taken_down:
+            return False  # Ray's last words on an actor being killed count no more
+        n = _ray_restarts(r.handle)
+        if n is None:
+            return False
+        seen, r.ray_restarts = r.ray_restarts, n
+        if seen is None or n <= seen:
+            return False  # the first look is the baseline (an adopted replica's past)
+        self.ray_restarts += n - seen
+        self._ray_restarts_now += n - seen
+        self._events.append(f"Ray restarted {r.name} ({n - seen} time(s), {n} in all)")
+        if not self.loops.restarted(r.index, n - seen):
+            return False
+        # Taken down as if found gone this tick (`_replace_dead`), even when an earlier
+        # death already started its backoff: Ray restarted it meanwhile.
+        r.ready, r.cause, r.error, r.retry_at = False, CRASH_LOOP, self._loop_error(r), None
+        return True
+
+    def _loop_error(self, r: _Replica) -> str:
+        """What a restart loop says: how many restarts, and the last error the replica exited
+        with (its actor leaves it in Ray's key-value store: `workers.actor.last_exit`)."""
+        from workers.actor import last_exit
+
+        n = self.loops.restarts(r.index)
+        text = (
+            f"{CRASH_LOOP}: restarted {n} times in a row without serving "
+            f"{self.loops.healthy_after_s:.0f} s"
+        )
+        last = last_exit(self.namespace, r.name)
+        if last is not None:
+            text += f"; its last exit ({max(0.0, time.time() - last[1]):.0f} s ago): {last[0]}"
+        return text[:1000]
+
+    def _exit_error(self, r: _Replica) -> str | None:
+        """The error `r`'s actor last exited with, when it exited after `r` was started
+        (`workers.actor.last_exit`): what a replica found dead says of itself."""
+        from workers.actor import last_exit
+
+        last = last_exit(self.namespace, r.name)
+        if last is None or last[1] < r.started_wall:
+            return None
+        return f"its process exited: {last[0]}"
 
     def _ask_all(self, reps: list[_Replica]) -> set[Any]:
         """Send each replica a status call (unless one is still out) and wait a while for
@@ -344,25 +487,31 @@ class PipelineRunner:
             r.ready, r.state = False, "not answering"  # starting, busy, or unschedulable
             return False
         r.pending = None
+        r.stall = None
         try:
             rep: ReplicaReport = ray.get(ref, timeout=0)
         except ActorDiedError:
             r.ready, r.state = False, "dead"
+            self.loops.unhealthy(r.index)
             return not r.draining
         except RayActorError:  # restarting (Ray restarts a crashed worker)
-            r.ready, r.state = False, "restarting"
+            r.ready, r.state, r.answered_at = False, "restarting", None
+            self.loops.unhealthy(r.index)
             return False
         except Exception as exc:
             r.ready, r.state = False, f"status failed: {type(exc).__name__}"
             return False
         # An error it reports (its Kafka login refused on its node, a batch it cannot read)
-        # is shown with the state, and such a replica is not ready.
+        # is shown with the state, and such a replica is not ready; nor is a stalled one.
         r.state, r.ready = rep.shown_state, rep.ready
         r.error, r.cause = rep.error, rep.cause
+        r.stall, r.stalled_for_s, r.answered_at = rep.stall, rep.stalled_for_s, now
         if rep.ready:
             self.backoff.ready(r.index, now)
+            self.loops.healthy(r.index, now)
         else:
             self.backoff.not_ready(r.index)
+            self.loops.unhealthy(r.index)
         self._count(r, rep, now)
         return rep.done_consuming and not r.draining
 
@@ -466,6 +615,8 @@ class PipelineRunner:
     def _retire(self, replica: _Replica) -> None:
         """Drain (stop fetching, finish in flight, commit, leave the group), then remove
         the actor and wait until its name is free for a later replica."""
+        from workers.actor import forget_last_exit
+
         try:
             ray.get(
                 replica.handle.drain.remote(_DRAIN_TIMEOUT_S),
@@ -481,7 +632,9 @@ class PipelineRunner:
                 if self.replicas.get(replica.index) is replica:
                     del self.replicas[replica.index]
                     self.backoff.forget(replica.index)  # removed on purpose: no failure
+                    self.loops.forget(replica.index)
                     self._last_failure.pop(replica.index, None)
+            forget_last_exit(self.namespace, replica.name)
 
     def _wait_name_free(self, name: str) -> bool:
         deadline = time.monotonic() + _NAME_RELEASE_S
@@ -505,7 +658,8 @@ class PipelineRunner:
                 continue
             if replica.retry_at is None:  # found gone this tick
                 self._take_down(replica)
-                self._last_failure[index] = (replica.cause, replica.error)
+                error = replica.error or self._exit_error(replica)
+                self._last_failure[index] = (replica.cause, error)
                 replica.retry_at = self.backoff.failed(index, now)
                 if replica.retry_at > now:
                     self._events.append(
@@ -523,50 +677,107 @@ class PipelineRunner:
             if not self._start_replica(index, "restart"):
                 continue
             self.restarts += 1
+            self.loops.restarted(index)
             why = "its actor died" if replica.state == "dead" else f"it was {replica.state}"
             if replica.error and replica.error not in why:
                 why += f" ({replica.error})"
             self._events.append(f"restarted {replica.name}: {why}"[:1000])
 
     def _take_down(self, replica: _Replica) -> None:
-        """Remove a replica that is alive but no longer consuming. One that failed with a
-        reason is asked to end itself with it, so that Ray records the reason as its death
-        cause (the dashboard shows it while the replica waits for its restart)."""
-        if replica.state == "dead":
+        """Remove a replica that is alive but no longer consuming, or that restarts in a
+        loop (whatever state Ray has it in: the controller takes it over from Ray's
+        restarts). One that failed with a reason is asked to end itself with it, so that
+        Ray records the reason as its death cause (the dashboard shows it while the replica
+        waits for its restart)."""
+        if replica.state == "dead" and replica.cause != CRASH_LOOP:
             return
+        replica.taken_down = True
         if replica.error:
+            from workers.actor import order_exit
+
+            # An incarnation in a crash loop may die before the call below reaches it: it
+            # then ends itself with the cause the next time its worker fails.
+            order_exit(self.namespace, replica.name, replica.handle._actor_id.hex(), replica.error)
+        deadline = time.monotonic() + _EXIT_WAIT_S
+        while replica.error and time.monotonic() < deadline:
             with contextlib.suppress(Exception):  # it dies: the call fails, as it should
-                ray.get(replica.handle.exit_failed.remote(), timeout=_EXIT_WAIT_S)
+                ray.get(
+                    replica.handle.exit_failed.remote(replica.error),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+            # A replica in a restart loop may die of its own before the call runs (the
+            # call then fails too): ask its next incarnation, until Ray says it is DEAD.
+            info = _actor_info(replica.handle)
+            if info is None or info.get("State") == "DEAD":
+                break
         with contextlib.suppress(Exception):
             ray.kill(replica.handle, no_restart=True)
         self._wait_name_free(replica.name)
 
     def failing(self) -> list[dict[str, Any]]:
-        """The replicas that report an error, wait for a restart, or were restarted after
-        failing twice or more in a row and have not served long enough since (the
-        backoff's reset window): each with its (last) cause and error."""
+        """The replicas that are not healthy, each with its state, cause and error:
+        FAILING ones (they report an error, wait for a restart, were restarted after
+        failing twice or more in a row, or restart in a loop, and have not served long
+        enough since: the restarts' reset window), then STALLED ones (running without
+        progress, or not answering their status calls, for the pipeline's stall_after_s).
+        `dgstream status` exits 1 while this is not empty."""
         now = self.clock()
         with self._lock:
             reps = sorted(self.replicas.values(), key=lambda r: r.index)
         out = []
         for r in reps:
-            waiting = r.retry_at is not None and r.retry_at > now
-            failures = self.backoff.failures(r.index)
-            if r.draining or not (r.error or waiting or failures >= 2):
+            if r.draining:
                 continue
-            cause, error = (
-                (r.cause, r.error) if r.error else self._last_failure.get(r.index, (None, None))
-            )
-            out.append(
-                {
-                    "replica": r.name,
-                    "cause": cause or ("WORKER_ERROR" if error else "CRASH_LOOP"),
-                    "error": error,
-                    "failures": failures,
-                    "restart_in_s": round(r.retry_at - now, 1) if waiting and r.retry_at else None,
-                }
-            )
+            entry = self._failing_entry(r, now) or self._stalled_entry(r, now)
+            if entry is not None:
+                out.append(entry)
         return out
+
+    def _failing_entry(self, r: _Replica, now: float) -> dict[str, Any] | None:
+        waiting = r.retry_at is not None and r.retry_at > now
+        failures = self.backoff.failures(r.index)
+        looping = self.loops.looping(r.index)
+        if not (r.error or waiting or failures >= 2 or looping):
+            return None
+        cause, error = (
+            (r.cause, r.error) if r.error else self._last_failure.get(r.index, (None, None))
+        )
+        if looping and cause is None:  # no code of its own (a batch it cannot read)
+            cause, error = CRASH_LOOP, self._loop_error(r)
+        return {
+            "replica": r.name,
+            "state": "FAILING",
+            "cause": cause or ("WORKER_ERROR" if error else CRASH_LOOP),
+            "error": error,
+            "failures": failures,
+            "restarts_in_a_row": self.loops.restarts(r.index),
+            "restart_in_s": round(r.retry_at - now, 1) if waiting and r.retry_at else None,
+        }
+
+    def _stalled_entry(self, r: _Replica, now: float) -> dict[str, Any] | None:
+        if r.stall:
+            error, for_s = r.stall, r.stalled_for_s
+        elif (
+            r.pending is not None
+            and r.answered_at is not None
+            and now - r.answered_at >= self.spec.stall_after_s
+        ):
+            # Its actor is alive (Ray would say otherwise) but none of its threads answers:
+            # a process that hangs, or one stopped by a signal.
+            for_s = now - r.answered_at
+            error = f"not answering its status calls for {for_s:.0f} s"
+        else:
+            return None
+        return {
+            "replica": r.name,
+            "state": STALLED,
+            "cause": STALLED,
+            "error": f"{STALLED}: {error}",
+            "stalled_for_s": round(for_s, 1),
+            "failures": self.backoff.failures(r.index),
+            "restarts_in_a_row": self.loops.restarts(r.index),
+            "restart_in_s": None,
+        }
 
     # 6 ----------------------------------------------------------------------------
 
@@ -609,7 +820,9 @@ class PipelineRunner:
             throughput=self.throughput,
             busy=self.busy,
             scaling=decision.changes,
-            restarts=sum(1 for e in self._events if e.startswith("restarted")),
+            # The controller's restarts and Ray's alike: a worker started again.
+            restarts=sum(1 for e in self._events if e.startswith("restarted"))
+            + self._ray_restarts_now,
             failing=[f["cause"] for f in self.failing()],
         )
 
@@ -618,6 +831,8 @@ class PipelineRunner:
         with self._lock:
             reps = sorted(self.replicas.values(), key=lambda r: r.index)
         recent = list(self.timeline)[-_DECISIONS_IN_STATUS:]
+        failing = self.failing()
+        states = {f["state"] for f in failing}
         return {
             "pipeline": self.spec.name,
             "shadow": self.spec.shadow,
@@ -632,12 +847,15 @@ class PipelineRunner:
             "throughput_per_s": round(self.throughput, 3),
             "busy": None if self.busy is None else round(self.busy, 3),
             "restarts": self.restarts,
+            "ray_restarts": self.ray_restarts,
             "scaling_decisions": self.scaling_decisions,
             "resource_request": list(self.resource_request),
             "setup_error": self.setup_error or None,
-            # Replicas that report an error or wait for a restart, with the cause and the
-            # backoff (`dgstream status` exits non-zero while this is not empty).
-            "failing": self.failing(),
+            # "failing" while a replica is FAILING, else "stalled" while one is STALLED.
+            "health": "failing" if "FAILING" in states else "stalled" if states else "ok",
+            # The replicas that are FAILING or STALLED, with the cause, the error and the
+            # backoff (`dgstream status` exits 1 while this is not empty).
+            "failing": failing,
             "decisions": recent,
             "workers": [r.name for r in reps],
             "worker_states": {
@@ -656,7 +874,10 @@ class PipelineRunner:
             refs = [r.handle.drain.remote(_DRAIN_TIMEOUT_S) for r in reps if not r.draining]
             if refs:
                 ray.wait(refs, num_returns=len(refs), timeout=_DRAIN_TIMEOUT_S + _DRAIN_MARGIN_S)
+        from workers.actor import forget_last_exit
+
         for r in reps:
+            forget_last_exit(self.namespace, r.name)
             if drain and r.draining:
                 continue  # its drain thread removes it when done
             with contextlib.suppress(Exception):

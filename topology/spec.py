@@ -113,6 +113,14 @@ class RestartSpec(_Frozen):
     # A replica that served this long in a row has its failures forgotten: as long as the
     # cap, so a replica failing at that rate still counts as failing.
     reset_after_s: float = Field(default=300, gt=0)
+    # This many restarts of one replica in a row (Ray's of its process and the
+    # controller's, whatever ended it; none forgotten until it has served reset_after_s in a
+    # row) are a restart loop: the pipeline is FAILING (CRASH_LOOP), and the controller
+    # takes the replica over from Ray's immediate restarts onto its backoff. 5: a poison
+    # record costs 4 restarts with the worker's defaults (poison.suspect_after 2 +
+    # poison_after 2) before it is dead-lettered, which is no loop; one worker exiting on
+    # every record (issue 50: 48 incarnations in 5 minutes) reaches 5 within half a minute.
+    loop_restarts: int = Field(default=5, ge=1)
 
 
 class PipelineSpec(_Frozen):
@@ -129,6 +137,12 @@ class PipelineSpec(_Frozen):
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
     autoscale: AutoscaleSpec = Field(default_factory=AutoscaleSpec)
     restarts: RestartSpec = Field(default_factory=RestartSpec)
+    # A replica holding records whose committed offsets have not moved for this long (or
+    # not answering its status calls for this long) is STALLED: `dgstream status` exits 1,
+    # `dgstream_failing{cause="STALLED"}` (docs/operations.md, "Health: STALLED and
+    # FAILING"). 240 s: the longest a healthy worker's oldest batch waits with the defaults
+    # (WorkerSettings.stall_after_s says how it adds up).
+    stall_after_s: float = Field(default=240, gt=0)
     delivery: Literal["at_least_once", "exactly_once"] = "at_least_once"
     # The codec of the record batches the workers write, results and dead letters alike:
     # "none" (the default: any consumer reads them, with no codec library), "gzip",

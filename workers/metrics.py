@@ -3,22 +3,38 @@ dashboard) when the worker runs under Ray, and always a local copy that `status(
 
 Every series is tagged with `pipeline` and `worker`; dead letters add `code`, lag adds
 `partition` ("<topic>-<n>"), routed results add `route` (a route's name, "default" or
-"reply"). Outside Ray (`ray.is_initialized()` false: unit tests, the
-benchmark) only the local copy is kept, so nothing here needs a cluster.
+"reply"), and `dgstream_worker_state` adds `state` (1 for the state the worker is in,
+"stalled" and "failed" included; 0 for the others). Outside Ray (`ray.is_initialized()`
+false: unit tests, the benchmark) only the local copy is kept, so nothing here needs a
+cluster.
 
 Each counter is written by one thread only (consumer thread or engine loop), so the local
-copy needs no lock under the GIL; readers take a snapshot.
+copy needs no lock under the GIL; readers take a snapshot. The state is set on status
+reads, which Ray runs on several threads: it takes a lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as _Tally
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["WorkerMetrics"]
+__all__ = ["WORKER_STATES", "WorkerMetrics"]
 
 _BASE_TAGS = ("pipeline", "worker")
+# The values of `dgstream_worker_state`'s `state` tag: `workers.worker.WorkerState`'s, with
+# "stalled" for a running worker that makes no progress (`workers.status`).
+WORKER_STATES = (
+    "new",
+    "starting",
+    "running",
+    "stalled",
+    "draining",
+    "stopping",
+    "stopped",
+    "failed",
+)
 
 # Seconds. Engine calls run from about a millisecond (the fake engine, a tiny CPU model)
 # to a few seconds (a full-size batch on a GPU); end-to-end adds queueing in Kafka, so its
@@ -89,6 +105,8 @@ class WorkerMetrics:
         self.outage_tries = 0
         self.producer_resets = 0
         self.registry_unverified = 0  # framed records read while the registry was away
+        self.state: str | None = None  # the last state published (`set_state`)
+        self._state_lock = threading.Lock()  # status reads run on several threads
         self._ray: dict[str, Any] | None = None
         if use_ray if use_ray is not None else _ray_ready():
             self._ray = self._make_ray_metrics()
@@ -182,6 +200,14 @@ class WorkerMetrics:
                     "dgstream_transactions_aborted",
                     "Open transactions aborted by the worker (their work is read again).",
                     _BASE_TAGS,
+                )
+            ),
+            "state": tagged(
+                Gauge(
+                    "dgstream_worker_state",
+                    "1 for the state the worker is in (stalled: running without progress), "
+                    "0 for the others.",
+                    (*_BASE_TAGS, "state"),
                 )
             ),
             "lag": tagged(
@@ -288,6 +314,24 @@ class WorkerMetrics:
                 gauge.set(0, tags={"partition": partition})
             for partition, value in lag.items():
                 gauge.set(value, tags={"partition": partition})
+
+    def set_state(self, state: str) -> None:
+        """The worker's state as operators see it (one of WORKER_STATES): its series goes to
+        1 and the previous state's to 0. Called on every status read (the controller's
+        poll), so it changes within one poll of the worker."""
+        with self._state_lock:  # the gauge's writes too: two readers must not cross
+            if state == self.state:
+                return
+            previous, self.state = self.state, state
+            if self._ray:
+                gauge = self._ray["state"]
+                if previous is None:  # the first time: every other state's series at 0
+                    for other in WORKER_STATES:
+                        if other != state:
+                            gauge.set(0, tags={"state": other})
+                else:
+                    gauge.set(0, tags={"state": previous})
+                gauge.set(1, tags={"state": state})
 
     # ------------------------------------------------------------------ reading
 

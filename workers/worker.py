@@ -29,6 +29,7 @@ from workers.metrics import WorkerMetrics
 from workers.outputs import OutputBuilder
 from workers.poll_errors import unreadable_batch
 from workers.settings import WorkerSettings
+from workers.status import Stall, StallWatch
 from workers.stream.delivery import Delivery, delivery_for
 from workers.stream.engine_stage import EngineStage
 from workers.stream.intake import Intake
@@ -75,6 +76,8 @@ class StreamWorker:
         self._finished = threading.Event()
         self._started_at: float | None = None
         self._summary: dict[str, Any] = {}
+        # STALLED: held records whose committed offsets do not move (`workers.status`).
+        self._stalls = StallWatch(self._shared, lambda: self._consumer, lambda: self._state)
         # The clients and the roles, built by run() (`_setup`).
         self._consumer: Any = None
         self._admin: Any = None
@@ -185,8 +188,13 @@ class StreamWorker:
             "group": membership(self._consumer),
             "outage": s.outage.status(),
             "metrics_exported": self.metrics.exported,  # to Ray's metrics (under Ray)
+            **self._stalls.status(),  # stall_after_s, progress, stall
             **self.metrics.snapshot(),
         }
+
+    def stall(self) -> Stall | None:
+        """Why the worker is stalled (`workers.status.StallWatch`), or None. Any thread."""
+        return self._stalls.read()[1]
 
     def report(self) -> tuple[WorkerState, int, int, float]:
         """(state, answered, dead-lettered, engine seconds): what the controller reads."""
