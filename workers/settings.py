@@ -101,6 +101,11 @@ class ConsumerTuning(_Frozen):
     # half of session_timeout_ms: it runs on kafka-python's I/O thread, which also sends the
     # heartbeats.
     revoke_timeout_s: float = Field(default=30.0, gt=0)
+    # The most bytes one record batch may decompress to; past it the batch is not read but
+    # dead-lettered once, by reference (BATCH_TOO_LARGE; docs/worker.md, "Memory per
+    # record"). None: 32 x parse_limits.max_message_bytes (32 MiB by default), derived in
+    # `workers.inputs.bounds`: every default producer's batches stay far below it.
+    max_batch_bytes: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _heartbeat_below_session(self) -> ConsumerTuning:
@@ -298,6 +303,17 @@ class WorkerSettings(_Frozen):
     # so does this. At-least-once tries again on the next pass; exactly-once fails the
     # worker (the transaction's state is unknown; the next incarnation aborts it).
     commit_timeout_s: float = Field(default=60.0, gt=0)
+    # A worker that holds records it polled and has not committed, and whose committed
+    # offsets for them have not moved for this long (or whose consumer thread has not
+    # polled for this long while it owns lag), is STALLED (`workers.status`; an outage is
+    # not a stall). 240 s is the longest a healthy worker's oldest batch waits with the
+    # defaults, its steps in a row: two batches' engine calls with their retries and splits
+    # (max_in_flight 2 x about 15 calls of about 2 s at 256 reads on a GPU: 60 s), its
+    # outputs' acknowledgement (delivery_timeout_ms, 120 s; past it the failure is an
+    # outage), its commit (commit_timeout_s, 60 s). A revocation's wait (30 s) and a batch's
+    # wait to fill (50 ms) fit within those. Below max_poll_interval_ms (300 s), after which
+    # Kafka itself takes the member's partitions away.
+    stall_after_s: float = Field(default=240.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # ---------------------------------------------------------------- validation
