@@ -9,21 +9,33 @@ then a matter of checking whether the quirk is gone, here, one function at a tim
 
 from __future__ import annotations
 
+import codecs
+import functools
+import threading
 from typing import Any
 
 from kafka import TopicPartition
 from kafka.errors import ProducerFencedError
+from kafka.structs import MemberState
 
 __all__ = [
     "OFFSET_FETCH_TIMEOUT_MS",
+    "HeaderKey",
     "bound_batches",
     "committed_offset",
     "drop_refused_offsets",
     "fenced",
     "fetching_partition",
+    "held_back",
+    "install",
+    "java_text",
+    "keep_finished_joins",
     "no_auto_create",
+    "read_any_header_key",
     "read_position",
     "rejoin_pending",
+    "take_finished_join",
+    "unpark_resumed",
 ]
 
 # A committed-offset lookup (one OffsetFetch round trip to the group coordinator) gives up
@@ -67,19 +79,143 @@ def read_position(consumer: Any, tp: TopicPartition) -> int | None:
 
 
 def rejoin_pending(consumer: Any) -> bool:
-    """Whether the consumer's group coordinator has a rejoin due. kafka-python 3.0 drives
-    JoinGroup/SyncGroup from poll() only (coordinator/base.py, join_group_async: it takes a
-    join's result only while a poll() waits on it, and sends a new JoinGroup when it
-    finished meanwhile; a leader's new JoinGroup starts a new rebalance): knowing that one
-    is due lets the loop poll long enough for it to finish inside one call."""
+    """Whether this member is not settled in its group: a rejoin is due, or a join is under
+    way (kafka-python's member state is not STABLE). kafka-python 3.0 drives
+    JoinGroup/SyncGroup from poll() only (coordinator/base.py, join_group_async), and
+    refuses an offset commit on the client side while the member is rebalancing
+    (coordinator/consumer.py raises RebalanceInProgressError: "try completing the
+    rebalance by calling poll()"): while this holds, the loop polls long enough for the
+    join and commits nothing. A consumer without a group coordinator is always settled."""
     coordinator = getattr(consumer, "_coordinator", None)
     need = getattr(coordinator, "need_rejoin", None)
     if need is None:
         return False
     try:
-        return bool(need())
+        if bool(need()):
+            return True
+        state = getattr(coordinator, "state", None)
+        return state is not None and state is not _STABLE
     except Exception:
         return False
+
+
+# kafka-python's MemberState values (kafka/structs.py): strings that kafka-python compares
+# by identity (`state is MemberState.STABLE`), so these must be its own objects.
+_STABLE: Any = getattr(MemberState, "STABLE", None)
+_REBALANCING: Any = getattr(MemberState, "REBALANCING", None)
+
+
+def keep_finished_joins() -> None:
+    """Make kafka-python take a join that finished between two polls instead of dropping it.
+
+    kafka-python 3.0 runs a member's JoinGroup -> SyncGroup as a task of its I/O loop and
+    reads the task's result only while a poll() waits on it (coordinator/base.py,
+    join_group_async). When the task finished meanwhile, the next poll finds it done and
+    sends a NEW JoinGroup without reading it: the assignment it carried is lost and, from
+    the group's leader, the new JoinGroup starts a new rebalance for every member. A member
+    whose polls are short or far apart (its consumer thread busy, or starved of the GIL by
+    a model on the CPU) then never settles: each join finishes between polls and is
+    replaced, the generation climbs, and every offset commit is refused as
+    RebalanceInProgressError (seen on 2026-12-07: thousands a minute, nothing answered).
+    Java's consumer keeps the finished join for the next poll; so does this.
+
+    The wrapper runs before kafka-python's own join_group_async: a join task that finished
+    with an assignment while the member is still rebalancing is taken as a waiting poll
+    would take it (the member becomes STABLE, heartbeats resume, the assignment and the
+    rebalance listener run); anything else (no task, one still running, one that failed,
+    a member whose generation was reset meanwhile) goes to kafka-python as before.
+    Process-wide and idempotent; a kafka-python without this private state is left alone."""
+    from kafka.coordinator.base import BaseCoordinator
+
+    original = getattr(BaseCoordinator, "join_group_async", None)
+    if original is None or getattr(original, "_dgstream_keeps_joins", False):
+        return
+    with _PATCH_LOCK:
+        if getattr(BaseCoordinator.join_group_async, "_dgstream_keeps_joins", False):
+            return
+
+        @functools.wraps(original)
+        async def join_group_async(self: Any, timeout_ms: Any = None) -> Any:
+            if await take_finished_join(self):
+                return True
+            return await original(self, timeout_ms)
+
+        join_group_async._dgstream_keeps_joins = True  # type: ignore[attr-defined]
+        BaseCoordinator.join_group_async = join_group_async
+
+
+_PATCH_LOCK = threading.Lock()
+
+
+async def take_finished_join(coordinator: Any) -> bool:
+    """`keep_finished_joins`' step: when the member's join task finished with an
+    assignment while the member still rebalances, take it as kafka-python's waiting poll
+    would (the member STABLE, its heartbeat on, the assignment applied and the rebalance
+    listener run) and return True; otherwise change nothing and return False."""
+    task = getattr(coordinator, "_join_task", None)
+    if (
+        task is None
+        or not getattr(task, "is_done", False)
+        or not task.succeeded()
+        or getattr(coordinator, "state", None) is not _REBALANCING
+    ):
+        return False
+    with coordinator._lock:
+        coordinator._join_task = None
+        coordinator.rejoining = False
+        coordinator.rejoin_needed = False
+        coordinator.state = _STABLE
+        coordinator._enable_heartbeat()
+    generation = coordinator._generation
+    await coordinator._on_join_complete_async(
+        generation.generation_id, generation.member_id, generation.protocol, task.value
+    )
+    return True
+
+
+def held_back(consumer: Any, hog: TopicPartition) -> set[TopicPartition]:
+    """The assigned partitions other than `hog` whose reading waits while `hog`'s fetched
+    records are handed out. kafka-python 3.0 (consumer/fetcher.py) keeps fetch responses
+    in `_completed_fetches`, one partition each, and drains them one partition at a time;
+    it fetches no partition that has a response in line, empty or not, and sends no new
+    fetch at all while any response is in line (`fetch_records` sends only when nothing
+    is buffered beyond the records in hand). So while a flood's records are handed out,
+    another partition is held back when its response waits in line, or when no fetch is
+    in flight to its leader (its new records are not even asked for). An empty set on a
+    kafka-python without this private state."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    line = getattr(fetcher, "_completed_fetches", None)
+    pending = getattr(fetcher, "_nodes_with_pending_fetch_requests", None)
+    subscription = getattr(consumer, "_subscription", None)
+    if line is None or pending is None or subscription is None:
+        return set()
+    queued = {getattr(c, "topic_partition", None) for c in list(line)}
+    cluster = getattr(getattr(fetcher, "_manager", None), "cluster", None)
+    out: set[TopicPartition] = set()
+    try:
+        others = [tp for tp in subscription.fetchable_partitions() if tp != hog]
+    except Exception:
+        return set()
+    for tp in others:
+        unfetched = cluster is not None and cluster.leader_for_partition(tp) not in pending
+        if tp in queued or unfetched:
+            out.add(tp)
+    return out
+
+
+def unpark_resumed(consumer: Any) -> None:
+    """Let a resumed partition's parked records come back. kafka-python 3.0's fetcher parks
+    the records of a partition paused while they were in line, and gives them back only
+    when nothing else is in line (consumer/fetcher.py, fetched_records: `_next_partition_
+    records is None`); a partition whose records were all returned leaves its drained
+    (empty) records object there, never None, so a parked partition would never be handed
+    back, and is never fetched again while it holds parked records: it stalls for good.
+    A drained object carries nothing: clearing it changes nothing else. Call after
+    resume()."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    in_line = getattr(fetcher, "_next_partition_records", None)
+    if in_line is not None and not in_line:
+        fetcher._next_partition_records = None  # type: ignore[union-attr]
 
 
 def drop_refused_offsets(producer: Any) -> None:
@@ -235,3 +371,168 @@ class _BoundedBatch:
             if value is not None and len(value) > keep and hasattr(record, "_value"):
                 record._value = CutValue.of(value, keep)
             yield record
+
+
+# --------------------------------------------------------------------------- header keys
+
+
+class HeaderKey(str):
+    """A record header's key whose bytes are not UTF-8, as Kafka's Java consumer reads it:
+    the text with each malformed sequence replaced by U+FFFD (Java decodes a header key
+    with `new String(bytes, UTF_8)`), carrying the original bytes in `raw`.
+
+    Everything that reads the key as text (logs, the dead letter's JSON, comparisons with
+    our own header names) sees the replaced text; kafka-python's producer writes a key
+    with `key.encode("utf-8")` (record/default_records.py), which here gives back the
+    original bytes, so a key copied onto a result or a dead letter stays intact."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> HeaderKey:
+        key = super().__new__(cls, java_text(raw))
+        key.raw = bytes(raw)
+        return key
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        if codecs.lookup(encoding).name == "utf-8":
+            return self.raw
+        return super().encode(encoding, errors)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return HeaderKey, (self.raw,)
+
+
+def java_text(raw: bytes) -> str:
+    """`raw` decoded as UTF-8 the way Java's `new String(bytes, UTF_8)` does: each malformed
+    sequence becomes one U+FFFD. Python's "replace" agrees (both replace the longest
+    prefix of a valid sequence) except after ED followed by A0..BF, the start of an encoded
+    surrogate (what Java's own "modified UTF-8" and CESU-8 write): Java takes ED and the
+    continuation bytes after it (two or three) as one malformed sequence, Python each byte
+    on its own (ED may only be followed by 80..9F). Checked against Kafka's console
+    consumer (tests/workers/test_header_keys.py)."""
+    return bytes(raw).decode("utf-8", _JAVA_REPLACE)
+
+
+def _java_replace(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeDecodeError):
+        raise exc
+    data, at = exc.object, exc.start
+    if data[at] == 0xED and at + 1 < len(data) and 0xA0 <= data[at + 1] <= 0xBF:
+        end = at + 2
+        if end < len(data) and 0x80 <= data[end] <= 0xBF:
+            end += 1
+        return "\ufffd", end
+    return "\ufffd", exc.end
+
+
+_JAVA_REPLACE = "dgstream-java-replace"
+codecs.register_error(_JAVA_REPLACE, _java_replace)
+
+
+def read_any_header_key() -> None:
+    """Make kafka-python read a record whose header key is not UTF-8 instead of failing the
+    whole batch. kafka-python 3.0 decodes each header key strictly (record/
+    default_records.py, `_read_msg`), so one such record raises CorruptRecordError for
+    its batch, the poll raises, and the partition stops there (seen on 2026-12-07:
+    librdkafka lets a producer write such a key; the worker filed it CORRUPT_BATCH and
+    only `dgstream skip-batch` moved the partition on). Kafka's Java consumer reads it,
+    replacing the bad bytes.
+
+    kafka-python's own reader still reads every record; only a record it refused for a
+    header key's bytes is read again here, from where it starts, by `_read_record` (the
+    v2 record format, with the key as a `HeaderKey`). Process-wide and idempotent; a
+    kafka-python whose record batch lacks this private state is left alone."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    original = getattr(DefaultRecordBatch, "__next__", None)
+    if original is None or getattr(original, "_dgstream_any_header_key", False):
+        return
+    if not hasattr(DefaultRecordBatch, "_read_msg"):
+        return  # another reader than the one this was written against
+    with _PATCH_LOCK:
+        if getattr(DefaultRecordBatch.__next__, "_dgstream_any_header_key", False):
+            return
+
+        @functools.wraps(original)
+        def __next__(self: Any) -> Any:
+            pos, index = self._pos, self._next_record_index
+            try:
+                return original(self)
+            except Exception as exc:
+                if not isinstance(exc.__context__, UnicodeDecodeError):
+                    raise
+            self._pos = pos
+            record = _read_record(self)
+            self._next_record_index = index + 1
+            return record
+
+        __next__._dgstream_any_header_key = True  # type: ignore[attr-defined]
+        DefaultRecordBatch.__next__ = __next__
+        DefaultRecordBatch.next = __next__
+
+
+def _read_record(batch: Any) -> Any:
+    """One record of a v2 record batch at `batch._pos` (Kafka's record format: length,
+    attributes, timestamp delta, offset delta, key, value, headers; lengths and deltas are
+    zigzag varints, a length of -1 is null), header keys of any bytes; moves `_pos` past
+    it. Raises CorruptRecordError where the record does not add up, as kafka-python does."""
+    from kafka.errors import CorruptRecordError
+    from kafka.record.default_records import ControlRecord, DefaultRecord
+    from kafka.record.util import decode_varint
+
+    buffer, pos = batch._buffer, batch._pos
+    length, pos = decode_varint(buffer, pos)
+    start = pos
+    pos += 1  # attributes: one byte, unused
+    timestamp_delta, pos = decode_varint(buffer, pos)
+    offset_delta, pos = decode_varint(buffer, pos)
+
+    def nullable(at: int) -> tuple[bytes | None, int]:
+        size, at = decode_varint(buffer, at)
+        if size < 0:
+            return None, at
+        if at + size > len(buffer):
+            raise CorruptRecordError(f"a record field of {size} bytes runs past its batch")
+        return bytes(buffer[at : at + size]), at + size
+
+    key, pos = nullable(pos)
+    value, pos = nullable(pos)
+    count, pos = decode_varint(buffer, pos)
+    if count < 0:
+        raise CorruptRecordError(f"a record with {count} headers")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        raw_key, pos = nullable(pos)
+        if raw_key is None:
+            raise CorruptRecordError("a record header with a null key")
+        try:
+            name: str = raw_key.decode("utf-8")
+        except UnicodeDecodeError:
+            name = HeaderKey(raw_key)
+        header_value, pos = nullable(pos)
+        headers.append((name, header_value))
+    if pos - start != length:
+        raise CorruptRecordError(f"a record of {length} bytes whose fields take {pos - start}")
+    batch._pos = pos
+    timestamp = (
+        batch.max_timestamp
+        if batch.timestamp_type == batch.LOG_APPEND_TIME
+        else batch.first_timestamp + timestamp_delta
+    )
+    kind = ControlRecord if batch.is_control_batch else DefaultRecord
+    return kind(
+        length,
+        batch.base_offset + offset_delta,
+        timestamp,
+        batch.timestamp_type,
+        key,
+        value,
+        headers,
+    )
+
+
+def install() -> None:
+    """The process-wide workarounds every kafka-python client of dgstream needs
+    (`keep_finished_joins`, `read_any_header_key`); idempotent."""
+    keep_finished_joins()
+    read_any_header_key()

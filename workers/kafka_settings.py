@@ -322,7 +322,12 @@ class KafkaConnection(BaseModel):
 
     def client_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Keyword arguments for kafka-python clients; the only place secrets are unwrapped
-        (named ones are read from this process's environment here: `MissingSecret`)."""
+        (named ones are read from this process's environment here: `MissingSecret`).
+        Every client dgstream builds comes through here, so kafka-python's workarounds that
+        act process-wide are put in place here first (`workers.kafka_quirks.install`)."""
+        from workers.kafka_quirks import install
+
+        install()
         kw: dict[str, Any] = {
             "bootstrap_servers": list(self.bootstrap_servers),
             "security_protocol": self.security_protocol.value,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 from kafka.errors import KafkaError, ProducerFencedError
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from workers.kafka_quirks import (
     OFFSET_FETCH_TIMEOUT_MS,
@@ -19,9 +19,12 @@ from workers.kafka_quirks import (
     drop_refused_offsets,
     fenced,
     fetching_partition,
+    keep_finished_joins,
     no_auto_create,
     read_position,
     rejoin_pending,
+    take_finished_join,
+    unpark_resumed,
 )
 
 pytestmark = pytest.mark.unit
@@ -81,6 +84,19 @@ def test_a_pending_rejoin_is_read_from_the_coordinator() -> None:
     assert rejoin_pending(_consumer(lambda: True)) is True
     assert rejoin_pending(_consumer(lambda: False)) is False
     assert rejoin_pending(_consumer(lambda: 1)) is True  # truthy, as kafka-python may say
+
+
+def test_a_member_that_is_joining_or_unjoined_is_not_settled() -> None:
+    """kafka-python refuses a commit on the client side while its member rebalances, even
+    when no new rejoin is asked for (a join already under way): that is not settled."""
+    for state, settled in [
+        (MemberState.STABLE, True),
+        (MemberState.REBALANCING, False),
+        (MemberState.UNJOINED, False),
+    ]:
+        consumer = _consumer(lambda: False)
+        consumer._coordinator.state = state
+        assert rejoin_pending(consumer) is not settled, state
 
 
 def test_no_coordinator_or_one_that_fails_means_no_rejoin_pending() -> None:
@@ -144,3 +160,82 @@ def test_read_position_is_kafka_pythons_own_known_position_and_nothing_else() ->
     assert read_position(consumer, t1) is None  # no position yet: nothing to commit
     assert read_position(consumer, t2) is None  # not assigned
     assert read_position(SimpleNamespace(), T0) is None  # a client without that state
+
+
+def test_a_drained_in_line_record_set_is_cleared_so_parked_ones_come_back() -> None:
+    """kafka-python restores a resumed partition's parked records only when nothing is in
+    line (`is None`); a drained (falsy) records object in line must become None, and a
+    live one (records still to hand out) must stay."""
+
+    class InLine:
+        def __init__(self, left: bool) -> None:
+            self.left = left
+
+        def __bool__(self) -> bool:
+            return self.left
+
+    drained = SimpleNamespace(_fetcher=SimpleNamespace(_next_partition_records=InLine(False)))
+    unpark_resumed(drained)
+    assert drained._fetcher._next_partition_records is None
+    live_records = InLine(True)
+    live = SimpleNamespace(_fetcher=SimpleNamespace(_next_partition_records=live_records))
+    unpark_resumed(live)
+    assert live._fetcher._next_partition_records is live_records
+    unpark_resumed(SimpleNamespace())  # no fetcher: nothing to do, no AttributeError
+
+
+def test_finished_joins_are_kept_once_and_only_while_rebalancing() -> None:
+    """The wrapper is installed once (a second call changes nothing), and a finished join
+    is taken only while the member still rebalances: a member whose generation was reset
+    meanwhile (UNJOINED), or whose join is still running or failed, is left to
+    kafka-python's own join as before."""
+    import asyncio
+
+    from kafka.coordinator.base import BaseCoordinator
+    from kafka.future import Future
+
+    keep_finished_joins()
+    installed = BaseCoordinator.join_group_async
+    keep_finished_joins()
+    assert BaseCoordinator.join_group_async is installed
+
+    class Member:
+        def __init__(self, state: Any, task: Future | None) -> None:
+            self.state = state
+            self._lock = threading.Lock()
+            self._generation = SimpleNamespace(generation_id=7, member_id="m", protocol="p")
+            self.completed: list[tuple[Any, ...]] = []
+            self.enabled = 0
+            self._join_task = task
+            self.rejoining = self.rejoin_needed = True
+
+        def _enable_heartbeat(self) -> None:
+            self.enabled += 1
+
+        async def _on_join_complete_async(self, *args: Any) -> None:
+            self.completed.append(args)
+
+    def finished(value: Any = b"assignment", error: Exception | None = None) -> Future:
+        task: Future = Future()
+        if error is None:
+            task.success(value)
+        else:
+            task.failure(error)
+        return task
+
+    member = Member(MemberState.REBALANCING, finished())
+    assert asyncio.run(take_finished_join(member)) is True
+    assert member.completed == [(7, "m", "p", b"assignment")]
+    assert member.state is MemberState.STABLE and member.enabled == 1
+    assert member._join_task is None and not member.rejoin_needed and not member.rejoining
+
+    for left in (
+        Member(MemberState.UNJOINED, finished()),  # the heartbeat reset the generation
+        Member(MemberState.REBALANCING, Future()),  # still running
+        Member(MemberState.REBALANCING, finished(error=KafkaError("refused"))),
+        Member(MemberState.REBALANCING, None),  # no join at all
+    ):
+        state, task = left.state, left._join_task
+        assert asyncio.run(take_finished_join(left)) is False
+        assert left.completed == [] and left.enabled == 0
+        assert left.state is state and left._join_task is task and left.rejoin_needed

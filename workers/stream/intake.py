@@ -11,7 +11,6 @@ and polled again.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,28 +22,41 @@ from schemas.cloudevents import CONTENT_TYPE
 from workers.batches import Batch, Entry, tp_name
 from workers.commit import Marks
 from workers.inputs import InputReader
-from workers.kafka_quirks import committed_offset, rejoin_pending
+from workers.kafka_quirks import (
+    committed_offset,
+    held_back,
+    rejoin_pending,
+    unpark_resumed,
+)
 from workers.stream.shared import Completions, Shared
 
-__all__ = ["FULL_POLL_EVERY_S", "FULL_WAIT_S", "IDLE_POLL_MS", "REJOIN_POLL_MS", "Intake"]
+__all__ = ["FULL_WAIT_S", "IDLE_POLL_MS", "REJOIN_POLL_MS", "Intake"]
 
-# When every batch slot is taken, wait this long for a completion before looking again:
-# short against one batch (tens of milliseconds with the fake engine on a CPU), so a
-# freed slot is refilled at once. Completions also wake the loop directly.
+# When every batch slot is taken, wait this long for a completion before polling (with the
+# partitions paused) and looking again: short against one batch (tens of milliseconds
+# with the fake engine on a CPU), so a freed slot is refilled at once. Completions also
+# wake the loop directly. Whatever it waits for, the loop polls at least this often: a
+# rebalance under way always has a poll() to finish in.
 FULL_WAIT_S = 0.05
-# While full, still call poll() at least this often, so the heartbeat thread's
-# poll-interval check (max_poll_interval_ms) and rebalances see a live member. One second:
-# well below any sane max_poll_interval_ms, and rebalances wait for this member's rejoin.
-FULL_POLL_EVERY_S = 1.0
-# A rejoin is pending (`workers.kafka_quirks.rejoin_pending`): poll this long at a time,
-# and commit nothing in between, so the JoinGroup/SyncGroup round trip (which waits for the
-# other members) completes inside poll() rather than between calls. A join waits on the
-# slowest member (seconds when one is busy, a member's session when one is frozen); 2 s
-# bounds how late the loop sees a stop or a drain meanwhile.
+# While this member is not settled in its group (`workers.kafka_quirks.rejoin_pending`: a
+# rejoin due, or a join under way) poll this long at a time and commit nothing, so the
+# JoinGroup/SyncGroup round trip (which waits for the other members) completes inside
+# poll() rather than between calls. A join waits on the slowest member (seconds when one
+# is busy, a member's session when one is frozen); 2 s bounds how late the loop sees a
+# stop or a drain meanwhile.
 REJOIN_POLL_MS = 2_000
 # When nothing is in flight and no batch is being filled, poll waits this long for data
 # (it returns as soon as some arrives; the bound only sets how often control is checked).
 IDLE_POLL_MS = 100
+# Fairness across partitions. kafka-python hands out one partition's fetched records
+# until they run out (a fetch of a partition can hold 1 MB compressed: hundreds of
+# thousands of small records) before another partition's, and meanwhile may not even
+# fetch the others (`workers.kafka_quirks.held_back`): a flood on one partition delayed
+# another's request by 57 s (2026-12-07). Once one partition has filled this many
+# batches' worth of records in a row while another is held back, it sits out one poll
+# (paused): the others' fetch responses are read and they are fetched again. One batch:
+# the flood then takes at most every other batch while others have records.
+FAIR_TURN_BATCHES = 1
 
 Records = dict[TopicPartition, list[Any]]
 
@@ -65,8 +77,9 @@ class Intake:
         self._clock = clock
         self._inputs = InputReader(shared.settings, shared.metrics, shared.log)
         self._seq = 0
-        self._last_poll = -math.inf  # never: the first wait while full polls
         self._marks: dict[TopicPartition, tuple[int, str]] = {}  # to commit before submitting
+        self._paused: set[TopicPartition] = set()  # paused by hold(), resumed by release()
+        self._streak: tuple[TopicPartition | None, int] = (None, 0)  # the last records' tp
 
     def rejoin_pending(self) -> bool:
         """A rejoin is due: poll long enough for it, commit nothing meanwhile."""
@@ -83,7 +96,7 @@ class Intake:
 
     def poll(self) -> Records:
         """Step 4: up to `max_records - len(batch)` records; waits no longer than the batch
-        being filled may still wait."""
+        being filled may still wait, and long enough for a rejoin."""
         b, acc = self._s.settings.batching, self._s.acc
         if acc is not None and len(acc):
             timeout_ms = max(0, int((acc.started + b.max_wait_ms / 1000 - self._clock()) * 1000))
@@ -94,32 +107,81 @@ class Intake:
         if self.rejoin_pending():
             timeout_ms = max(timeout_ms, REJOIN_POLL_MS)
         room = (1 if self._s.poison.careful() else b.max_records) - (len(acc) if acc else 0)
-        records: Records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max(room, 1))
-        self._last_poll = self._clock()
+        hog = self._hog()
+        if hog is not None:
+            records = self._turn(hog, max(room, 1))
+            if records:
+                return records
+        return self._poll(timeout_ms, max(room, 1))
+
+    def _hog(self) -> TopicPartition | None:
+        """The partition that filled `FAIR_TURN_BATCHES` batches in a row while another
+        is held back behind it; None when there is none."""
+        tp, run = self._streak
+        if tp is None or run < FAIR_TURN_BATCHES * self._s.settings.batching.max_records:
+            return None
+        if held_back(self._consumer, tp):
+            return tp
+        self._streak = (tp, 0)  # nobody waits: look again after another run
+        return None
+
+    def _turn(self, hog: TopicPartition, room: int) -> Records:
+        """One poll without `hog` (paused: kafka-python parks its records, hands out the
+        others' fetched ones and fetches them again), then `hog` resumed (its parked
+        records come back)."""
+        consumer = self._consumer
+        consumer.pause(hog)
+        try:
+            records = self._poll(0, room)
+        finally:
+            consumer.resume(hog)
+        self._streak = (None, 0)
         return records
 
-    def wait_full(self) -> None:
-        """Every slot taken (or an outage pausing): wait for a completion; keep the
-        membership alive meanwhile.
+    def _poll(self, timeout_ms: int, max_records: int) -> Records:
+        unpark_resumed(self._consumer)
+        records: Records = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        return records
 
-        No pause()/resume(): kafka-python 3.0's fetcher parks the parsed records of a paused
-        partition and gives them back only while no other partition's records are in line
-        (`Fetcher.fetch_records` tests `_next_partition_records is None`, which a drained
-        batch never resets), and a parked partition is not fetched again: it stalls for
-        good. Instead the loop stops polling, and when it must poll (a rejoin is due, or a
-        second has passed) it takes at most one record and seeks back to it."""
+    def hold(self) -> None:
+        """Steps 3 and 4 while every slot is taken (or an outage pauses new work): wait for a
+        completion, then poll with every assigned partition paused, so that a rebalance,
+        the heartbeat's poll-interval check and a pending commit's callbacks all have a
+        poll() to run in, while no record is fetched or returned. Polled long enough for a
+        rejoin when one is pending. A partition assigned during that poll (not paused yet)
+        may return records: they are sought back, and it is paused at the next hold.
+
+        pause() rather than stopping to poll: a member that stops polling while its group
+        rebalances is never settled again (kafka-python takes a join only inside poll()),
+        and every commit is then refused as RebalanceInProgressError (2026-12-07: the
+        worker stalled for good). `workers.kafka_quirks.unpark_resumed` makes a paused
+        partition's parked records come back once it is resumed (`release`)."""
         self._completions.wait(FULL_WAIT_S)
-        rejoin = self.rejoin_pending()
-        if not rejoin and self._clock() - self._last_poll < FULL_POLL_EVERY_S:
-            return
         consumer = self._consumer
-        records = consumer.poll(timeout_ms=REJOIN_POLL_MS if rejoin else 0, max_records=1)
-        self._last_poll = self._clock()
+        assigned = set(consumer.assignment())
+        new = assigned - self._paused
+        if new:
+            consumer.pause(*sorted(new, key=_order))
+            self._paused |= new
+        self._paused &= assigned | new
+        rejoin = self.rejoin_pending()
+        records = self._poll(REJOIN_POLL_MS if rejoin else 0, 1)
         with self._s.lock:
             self._s.assignment = set(consumer.assignment())
             for tp, recs in (records or {}).items():
                 if recs and tp in self._s.assignment:
                     consumer.seek(tp, recs[0].offset)
+
+    def release(self) -> None:
+        """A slot is free again: resume what `hold` paused (their parked records come back
+        in line at the next poll)."""
+        if not self._paused:
+            return
+        consumer = self._consumer
+        still = self._paused & set(consumer.assignment())
+        self._paused = set()
+        if still:
+            consumer.resume(*sorted(still, key=_order))
 
     def take(self, records: Records) -> None:
         """Step 5: parse the polled records into the batch being filled (a new one when
@@ -137,12 +199,17 @@ class Intake:
         for tp, recs in records.items():
             if recs:
                 s.offsets.saw(tp, recs[0].offset)
+            taken = 0
             for rec in recs:
                 if n >= room:
                     self._consumer.seek(tp, rec.offset)
                     break
                 n += 1
+                taken += 1
                 acc.add(self.entry(tp, rec))
+            if taken:
+                last, run = self._streak
+                self._streak = (tp, run + taken if tp == last else taken)
         s.metrics.record_consumed(n)
 
     def entry(self, tp: TopicPartition, rec: Any) -> Entry:
@@ -218,6 +285,15 @@ class Intake:
             if mark is not None:
                 marks[e.tp] = mark
         return marks
+
+    def defer(self, marks: Marks) -> None:
+        """`marks` could not be committed yet (the member is rejoining): they go with the
+        next batch's (this batch waits: it must not run before its count is committed)."""
+        self._marks = {**marks, **self._marks}
+
+
+def _order(tp: TopicPartition) -> tuple[str, int]:
+    return tp.topic, tp.partition
 
 
 def _header(headers: list[tuple[str, bytes | None]], name: str) -> str | None:

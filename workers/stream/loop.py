@@ -15,7 +15,7 @@ import time
 from workers.batches import Batch
 from workers.errors import WorkerFailed
 from workers.stream.engine_stage import EngineStage
-from workers.stream.intake import FULL_WAIT_S, Intake
+from workers.stream.intake import Intake
 from workers.stream.ownership import Ownership
 from workers.stream.recovery import Recovery
 from workers.stream.shared import Completions, DeliveryPort, Shared
@@ -52,9 +52,10 @@ class ConsumeLoop:
             if self._control(stop, drain):  # 2. control
                 return
             self._ownership.update_lag()
-            if intake.full():  # 3. backpressure
-                intake.wait_full()
+            if intake.full():  # 3. backpressure: wait, polling with the partitions paused
+                intake.hold()
                 continue
+            intake.release()
             records = intake.poll()  # 4. poll
             with s.lock:
                 records = self._ownership.refresh(records)
@@ -63,8 +64,10 @@ class ConsumeLoop:
                 self._submit_due()  # 6. submit
 
     def _settle(self) -> None:
-        """Step 1: acknowledged batches -> contiguous prefixes -> commit; while a rejoin
-        is pending only the first (`workers.stream.intake.REJOIN_POLL_MS`)."""
+        """Step 1: acknowledged batches -> contiguous prefixes -> commit; while this member
+        is not settled in its group only the first (`workers.stream.intake.REJOIN_POLL_MS`):
+        a commit then is refused anyway, and its round trip would only delay the poll the
+        rebalance waits for."""
         with self._s.lock:
             if self._intake.rejoin_pending():
                 self._recovery.apply_completions()
@@ -95,6 +98,11 @@ class ConsumeLoop:
         """The batch goes to the engine, once the attempt counts it needs are committed."""
         s = self._s
         marks = self._intake.marks_for(batch)
+        if marks and self._intake.rejoin_pending():
+            # The counts must be committed before the batch runs, and no commit gets
+            # through while the member rejoins: the batch waits for the rejoin.
+            self._intake.defer(marks)
+            return
         if marks:
             self._recovery.settle(sync=True, marks=marks)
             if s.acc is not batch or s.failure is not None:
@@ -118,22 +126,30 @@ class ConsumeLoop:
         s.log.warning("producer_reset", reason=reason[:300])
 
     def finish_in_flight(self) -> None:
-        """drain(): submit what was polled, wait for everything in flight, commit."""
-        s, recovery = self._s, self._recovery
-        with s.lock:
-            if s.acc is not None and len(s.acc):
-                self._submit(s.acc)
-            s.acc = None
+        """drain(): submit what was polled, wait for everything in flight, commit. It keeps
+        polling with the partitions paused while it waits (`Intake.hold`): a rebalance
+        under way must finish before anything can be committed, and it finishes only
+        inside a poll()."""
+        s, recovery, intake = self._s, self._recovery, self._intake
         deadline = time.monotonic() + s.settings.drain_timeout_s
-        while s.offsets.in_flight and time.monotonic() < deadline:
+        while True:
+            with s.lock:
+                if s.acc is not None and len(s.acc):
+                    self._submit(s.acc)  # (it waits while its attempt counts cannot commit)
+                if s.acc is not None and not len(s.acc):
+                    s.acc = None
+            if not s.offsets.in_flight and s.acc is None:
+                break
+            if time.monotonic() >= deadline:
+                break
             if s.failure is not None:
                 raise WorkerFailed(f"{s.failure}") from s.failure
-            self._completions.wait(FULL_WAIT_S)
-            with s.lock:
-                recovery.settle(sync=True)
+            intake.hold()
+            self._settle()
         with s.lock:
-            recovery.settle(sync=True)
-            left = s.offsets.in_flight
+            if not intake.rejoin_pending():
+                recovery.settle(sync=True)
+            left = s.offsets.in_flight + (s.acc is not None)
             if not left:
                 # Leaving cleanly is no crash: undo the attempt counts of partitions
                 # this incarnation made no progress on.
@@ -141,9 +157,10 @@ class ConsumeLoop:
                 if marks:
                     recovery.settle(sync=True, marks=marks)
             if left:
-                # The next owner reads them again; nothing of theirs may reach the output
-                # after this (exactly-once: no transaction left open until its timeout,
-                # holding back every read_committed reader of the output partitions).
+                # The next owner reads them again (the batch never submitted too);
+                # nothing of theirs may reach the output after this (exactly-once: no
+                # transaction left open until its timeout, holding back every
+                # read_committed reader of the output partitions).
                 recovery.abandon("drain timeout")
         if left:
             s.log.warning(

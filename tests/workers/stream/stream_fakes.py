@@ -144,6 +144,8 @@ class FakeConsumer:
         self.queued: list[dict[TopicPartition, list[Rec]]] = []
         self.polls: list[tuple[int, int]] = []  # (timeout_ms, max_records)
         self.seeks: list[tuple[TopicPartition, int]] = []
+        self.paused: set[TopicPartition] = set()
+        self.pauses: list[tuple[str, set[TopicPartition]]] = []  # ("pause"|"resume", tps)
         self.offsets: dict[TopicPartition, OffsetAndMetadata | BaseException] = {}
         self.lookups: list[tuple[TopicPartition, dict[str, Any]]] = []
         self.rejoin = False
@@ -175,6 +177,14 @@ class FakeConsumer:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.pauses.append(("pause", set(tps)))
+        self.paused |= set(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.pauses.append(("resume", set(tps)))
+        self.paused -= set(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from stream_fakes import T0, T1, FakeConsumer, Rec, RecordingLog, batch, shared
 from schemas import ErrorCode
 from workers.outage import Outage
 from workers.settings import Batching
-from workers.stream.intake import FULL_POLL_EVERY_S, IDLE_POLL_MS, REJOIN_POLL_MS, Intake
+from workers.stream.intake import IDLE_POLL_MS, REJOIN_POLL_MS, Intake
 from workers.stream.shared import Completions, Shared
 
 pytestmark = pytest.mark.unit
@@ -137,59 +138,89 @@ def test_a_suspect_partition_polls_one_record_at_a_time() -> None:
 # ------------------------------------------------------------------ while full
 
 
-def test_while_full_it_waits_for_a_completion_without_polling() -> None:
-    intake, _, consumer, done, _ = _intake()
-    intake.poll()  # just polled
+def test_while_full_it_waits_for_a_completion_then_polls_with_every_partition_paused() -> None:
+    """A rebalance needs a poll() to finish in: holding never skips it, and the poll
+    returns nothing because every assigned partition is paused."""
+    intake, s, consumer, done, _ = _intake()
     done.wake()
-    intake.wait_full()
-    assert consumer.polls == [(IDLE_POLL_MS, 4)]
-
-
-def test_while_full_with_nothing_finishing_it_looks_again_after_a_short_wait() -> None:
-    intake, _, consumer, _, _ = _intake()
-    intake.poll()
-    waiting = threading.Thread(target=intake.wait_full, daemon=True)
-    waiting.start()
-    waiting.join(30)  # FULL_WAIT_S, unless the machine stalls for half a minute
-    assert not waiting.is_alive(), "wait_full waited for a completion that never came"
-    assert consumer.polls == [(IDLE_POLL_MS, 4)]
-
-
-def test_while_full_it_still_polls_a_record_now_and_then_and_seeks_back() -> None:
-    intake, s, consumer, done, clock = _intake()
-    clock.now = 0.5  # a clock that started just now: never polled is still long ago
-    consumer.assigned = {T0}
-    consumer.feed({T0: [Rec(7)], T1: [Rec(3)]})  # T1 no longer assigned: left alone
-    done.wake()
-    intake.wait_full()  # never polled yet: more than FULL_POLL_EVERY_S ago
-    assert consumer.polls == [(0, 1)] and consumer.seeks == [(T0, 7)]
-    assert s.assignment == {T0}
-    clock.now += FULL_POLL_EVERY_S - 0.001  # within it: no poll
-    done.wake()
-    intake.wait_full()
+    intake.hold()
     assert consumer.polls == [(0, 1)]
-    clock.now += 0.001  # FULL_POLL_EVERY_S since the last poll, to the tick
+    assert consumer.paused == {T0, T1} and consumer.seeks == []
+    assert s.assignment == {T0, T1}
     done.wake()
-    intake.wait_full()
+    intake.hold()  # still full: polls again, pauses nothing twice
     assert consumer.polls == [(0, 1), (0, 1)]
+    assert consumer.pauses == [("pause", {T0, T1})]
 
 
-def test_while_full_a_pending_rejoin_is_polled_at_once_and_long_enough() -> None:
+def test_while_full_with_nothing_finishing_it_polls_after_a_short_wait() -> None:
+    intake, _, consumer, _, _ = _intake()
+    holding = threading.Thread(target=intake.hold, daemon=True)
+    holding.start()
+    holding.join(30)  # FULL_WAIT_S, unless the machine stalls for half a minute
+    assert not holding.is_alive(), "hold waited for a completion that never came"
+    assert consumer.polls == [(0, 1)]
+
+
+def test_while_full_a_pending_rejoin_is_polled_long_enough() -> None:
     intake, _, consumer, done, _ = _intake()
-    intake.poll()
     consumer.rejoin = True
-    consumer.feed({T0: [Rec(2), Rec(3)]})
     done.wake()
-    intake.wait_full()
-    assert consumer.polls[-1] == (REJOIN_POLL_MS, 1) and consumer.seeks == [(T0, 2)]
+    intake.hold()
+    assert consumer.polls == [(REJOIN_POLL_MS, 1)]
 
 
-def test_while_full_an_empty_poll_seeks_nothing() -> None:
+def test_a_partition_assigned_during_a_hold_is_sought_back_and_paused_next() -> None:
+    intake, s, consumer, done, _ = _intake()
+    consumer.assigned = {T0}
+    done.wake()
+    intake.hold()
+    assert consumer.paused == {T0}
+    # The poll's rebalance assigned T1 (not paused yet): what it returned goes back.
+    consumer.assigned = {T0, T1}
+    consumer.feed({T1: [Rec(3), Rec(4)]})
+    done.wake()
+    intake.hold()
+    assert consumer.seeks == [(T1, 3)] and s.assignment == {T0, T1}
+    done.wake()
+    intake.hold()
+    assert consumer.paused == {T0, T1}
+
+
+def test_records_of_a_partition_no_longer_assigned_are_left_alone() -> None:
     intake, _, consumer, done, _ = _intake()
-    consumer.feed({T0: []})
+    consumer.assigned = {T0}
+    consumer.feed({T1: [Rec(3)]})
     done.wake()
-    intake.wait_full()
-    assert consumer.polls == [(0, 1)] and consumer.seeks == []
+    intake.hold()
+    assert consumer.seeks == []
+
+
+def test_a_free_slot_resumes_what_was_paused_and_nothing_revoked() -> None:
+    intake, _, consumer, done, _ = _intake()
+    done.wake()
+    intake.hold()
+    consumer.assigned = {T1}  # T0 revoked meanwhile
+    intake.release()
+    assert consumer.pauses[-1] == ("resume", {T1})
+    intake.release()  # nothing paused any more: no call
+    assert len(consumer.pauses) == 2
+
+
+def test_every_poll_lets_parked_records_of_resumed_partitions_back() -> None:
+    """kafka-python hands a resumed partition's parked records back only when nothing is
+    in line; a drained records object in line is cleared before each poll."""
+
+    class Drained:
+        def __bool__(self) -> bool:
+            return False
+
+    intake, _, consumer, done, _ = _intake()
+    for step in (intake.poll, intake.hold):
+        consumer._fetcher = SimpleNamespace(_next_partition_records=Drained())
+        done.wake()
+        step()
+        assert consumer._fetcher._next_partition_records is None, step
 
 
 # ------------------------------------------------------------------ filling the batch
@@ -393,3 +424,90 @@ def test_a_suspect_partitions_record_goes_alone_at_once() -> None:
     assert intake.due() is s.acc
     assert s.acc is not None
     assert intake.marks_for(s.acc) == {T0: (0, "dgstream:v1;started=3;alone=1")}
+
+
+# ------------------------------------------------------------------ fairness
+
+
+def _fetched(consumer: FakeConsumer, *waiting: Any, fetching: bool = True) -> None:
+    """kafka-python's fetcher with fetch responses of `waiting` in line, and a fetch in
+    flight to the (one) leader or not; T0 and T1 fetchable."""
+    consumer.stand_at({T0: 0, T1: 3})
+    consumer._fetcher = SimpleNamespace(
+        _completed_fetches=[SimpleNamespace(topic_partition=tp) for tp in waiting],
+        _nodes_with_pending_fetch_requests={1} if fetching else set(),
+        _next_partition_records=None,
+        _manager=SimpleNamespace(cluster=SimpleNamespace(leader_for_partition=lambda tp: 1)),
+    )
+
+
+def _flooded(intake: Intake, consumer: FakeConsumer, records: int) -> None:
+    """T0 has filled `records` in a row; T1's fetch response waits behind it."""
+    intake.take({T0: [Rec(i, _request(f"f{i}")) for i in range(records)]})
+    _fetched(consumer, T1)
+
+
+def test_a_partition_that_filled_a_batch_while_another_waits_sits_out_one_poll() -> None:
+    intake, s, consumer, _, _ = _intake()  # max_records 4
+    s.assignment = {T0, T1}
+    _flooded(intake, consumer, 4)
+    s.acc = None
+    consumer.feed({T1: [Rec(3, _request("q"))]})
+    assert intake.poll() == {T1: [Rec(3, _request("q"))]}
+    assert consumer.polls == [(0, 4)]  # the turn: no waiting, the others' fetched records
+    assert consumer.pauses == [("pause", {T0}), ("resume", {T0})]
+    assert consumer.paused == set()
+    intake.poll()  # the turn is over: an ordinary poll, T0 not paused
+    assert consumer.polls[-1] == (IDLE_POLL_MS, 4) and len(consumer.pauses) == 2
+
+
+def test_an_empty_turn_falls_back_to_an_ordinary_poll() -> None:
+    intake, s, consumer, _, _ = _intake()
+    s.assignment = {T0, T1}
+    _flooded(intake, consumer, 4)
+    s.acc = None
+    consumer.feed({})  # the turn finds nothing fetched for T1 yet
+    consumer.feed({T0: [Rec(4)]})
+    assert intake.poll() == {T0: [Rec(4)]}
+    assert consumer.polls == [(0, 4), (IDLE_POLL_MS, 4)]
+
+
+def test_no_turn_below_a_batch_or_when_nobody_waits() -> None:
+    intake, s, consumer, _, _ = _intake()
+    s.assignment = {T0, T1}
+    _flooded(intake, consumer, 3)  # less than a batch in a row
+    s.acc = None
+    intake.poll()
+    assert consumer.pauses == []
+    intake.take({T0: [Rec(10, _request("g"))]})  # now a batch in a row
+    s.acc = None
+    _fetched(consumer, T0)  # ... but only T0's own next response waits, T1 is fetched
+    intake.poll()
+    assert consumer.pauses == []
+    del consumer._fetcher  # nor on a kafka-python without the fetcher's state
+    intake.poll()
+    assert consumer.pauses == []
+
+
+def test_a_partition_that_is_not_even_fetched_behind_the_run_gets_a_turn() -> None:
+    """kafka-python sends no fetch while any response is in line: T1 is not asked for
+    its new records at all while T0's are handed out."""
+    intake, s, consumer, _, _ = _intake()
+    s.assignment = {T0, T1}
+    intake.take({T0: [Rec(i, _request(f"f{i}")) for i in range(4)]})
+    _fetched(consumer, T0, fetching=False)
+    s.acc = None
+    intake.poll()
+    assert consumer.pauses == [("pause", {T0}), ("resume", {T0})]
+
+
+def test_records_of_another_partition_break_the_run() -> None:
+    intake, s, consumer, _, _ = _intake()
+    s.assignment = {T0, T1}
+    intake.take({T0: [Rec(0, _request("a")), Rec(1, _request("b"))]})
+    intake.take({T1: [Rec(0, _request("c"))]})
+    intake.take({T0: [Rec(2, _request("d")), Rec(3, _request("e"))]})
+    _fetched(consumer, T1)
+    s.acc = None
+    intake.poll()
+    assert consumer.pauses == []  # T0's last run is 2 records, not 4
