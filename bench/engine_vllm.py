@@ -43,54 +43,12 @@ use_test_support()
 # The rows' harness and their section live with the tests that check them (bench imports
 # tests/support, never the other way round).
 from support.card_rows import measure, probe, scheduling_name  # noqa: E402
-
-# vLLM's "compressed-tensors" NVFP4 weight-only layout (llm-compressor's nvfp4-pack-quantized):
-# 4-bit float weights in groups of 16 with a per-group scale, activations unquantized; the
-# router, vision tower and lm_head stay in bf16, as in RedHatAI's NVFP4 checkpoints.
-NVFP4 = {
-    "quant_method": "compressed-tensors",
-    "format": "nvfp4-pack-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {
-                "num_bits": 4,
-                "type": "float",
-                "strategy": "tensor_group",
-                "group_size": 16,
-                "symmetric": True,
-                "dynamic": False,
-            },
-            "input_activations": None,
-        }
-    },
-    "ignore": ["lm_head", "re:.*router.*", "re:.*vision.*"],
-}
-
+from support.full_size import full_size_dir  # noqa: E402
 
 # Every label id `bench.engine_gpu.make_reads` puts on a canvas.
 SHARED_LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)
 # `--one-step-reads VALUE` -> VllmSettings.one_step_reads (unset: the settings' default).
 ONE_STEP_CHOICES: dict[str, bool | str] = {"true": True, "false": False, "auto": "auto"}
-
-
-def full_size_dir(quant: str, root: Path) -> Path:
-    """A model directory of the published shape (config and generation config only)."""
-    from workers.engine.models import full_size_config, write_generation_config
-
-    config = full_size_config()
-    body = config.to_dict()
-    body["architectures"] = ["DiffusionGemmaForBlockDiffusion"]
-    body["torch_dtype"] = "bfloat16"
-    if quant == "nvfp4":
-        body["quantization_config"] = NVFP4
-    path = root / f"diffusiongemma-full-{quant}"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(body, indent=1))
-    config.text_config.bos_token_id, config.text_config.eos_token_id = 2, 1
-    config.text_config.pad_token_id = 0
-    write_generation_config(path, config)
-    return path
 
 
 @contextlib.contextmanager

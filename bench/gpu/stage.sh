@@ -42,9 +42,10 @@ for w in .gpu/wheels/*.whl; do
   if grep -qx "$n" <<<"$names"; then keep+=("$(basename "$w")"); fi
 done
 tar cf .gpu/wheels.tar -C .gpu/wheels "${keep[@]}" -C .. extra
-# Each part gets what the work tree leaves of a call's 64 MiB, less 2 MiB of slack.
+# Each part gets what the work tree leaves of a call's 64 MiB, less 6 MiB of slack (the
+# tree grows while others work in it).
 tree_kib=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | du -c -k --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
-part_kib=$(( 64 * 1024 - tree_kib - 2048 ))
+part_kib=$(( 64 * 1024 - tree_kib - 6144 ))
 [ "$part_kib" -gt 8192 ] || { echo "the work tree (${tree_kib} KiB) leaves too little room for parts" >&2; exit 1; }
 split -b "${part_kib}k" -d -a 2 .gpu/wheels.tar .gpu/parts/part
 rm -f .gpu/wheels.tar

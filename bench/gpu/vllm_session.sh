@@ -17,6 +17,19 @@
 #   bash bench/gpu/vllm_session.sh pipe-alone     # full-size NVFP4 on the emulated card: the
 #   bash bench/gpu/vllm_session.sh pipe-full      # engine alone, then the pipeline (two calls,
 #                                                 # one engine start each; /root keeps the first)
+#   bash bench/gpu/vllm_session.sh mps-on|mps-off # the MPS control daemon (compute-limited cards)
+#   bash bench/gpu/vllm_session.sh calibrate      # which SM share gives each card profile's rate
+#   bash bench/gpu/vllm_session.sh followup       # the round after `engines a c ref` (followup.py)
+#   bash bench/gpu/vllm_session.sh engines SPEC.. # reads_soak.py engines side by side on the GPU,
+#                                                 # each its own 23.6 GiB card and SM share:
+#                                                 # SPEC = NAME:PCT[:VAR=VAL[,VAR=VAL]]:SOAK_ARGS
+#                                                 # (PCT 100 = the whole GPU); logs and JSON in
+#                                                 # $OUT/engines (kept as they grow)
+#
+# CARD_PROFILE=l4|a10|rtx4090|rtx3090 (or CARD_PCT=N) with `card`: the emulated card is also
+# compute-limited, to the SM share `calibrate` chose for that card (bench/gpu/card/
+# card_profiles.py), under MPS (`mps-on` first); the share's measured bf16 rate goes to
+# $OUT/card_NAME_share.json beside the figures.
 #
 # CARD_CONTEXT_GIB (default 1.0) is what the emulated card keeps outside PyTorch's allocator:
 # the engine process held 1.0 GiB beyond its allocator's peak on the 2026-12-02 card run.
@@ -30,7 +43,18 @@ export PYTHONPATH=/root/dgdist:/root/site:$root PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt"
+# MPS (when its daemon runs) is reached through these; without a daemon CUDA ignores them.
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+# The SM share of a card profile, from this machine's calibration (`calibrate`).
+profile_pct() {
+  python3 -c "import json,sys; print(json.load(open('/root/calibration.json'))['profiles'][sys.argv[1]]['percentage'])" "$1"
+}
+# (A follow-up round leaves $OUT's few file slots to its engines and prints this instead.)
+if [ "${1:-}" = followup ] || [ -n "${ROUND:-}" ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+else
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt"
+fi
 # The emulated card: 23.6 GiB is what torch reports of a 24 GB board (bench/gpu/card).
 card() {
   export DGSTREAM_CARD_GIB=23.6 DGSTREAM_CARD_REPORT=/tmp/card-$1
@@ -57,6 +81,14 @@ case "${1:-}" in
   card)
     name=$2; shift 2
     card "$name"
+    pct=${CARD_PCT:-}
+    [ -n "${CARD_PROFILE:-}" ] && pct=$(profile_pct "$CARD_PROFILE")
+    if [ -n "$pct" ]; then
+      # The share's own rate, measured now, beside the figures.
+      python3 bench/gpu/card/calibrate.py --check "$pct" > "$out/card_${name}_share.json"
+      cat "$out/card_${name}_share.json"
+      export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct
+    fi
     prof=()
     [ -n "${PROFILE:-}" ] && { mkdir -p "/root/prof/$name"; prof=(--profile "/root/prof/$name"); }
     # STACKS=1: every process's Python threads sampled during each timed row (dgstacks.py).
@@ -99,5 +131,73 @@ case "${1:-}" in
       --backend vllm --full-size --bursts 3 --stage pipeline \
       --alone-json /root/pipe_alone.json --out "$out/pipe_full.json" 2>&1 | tee "$out/pipe_full.log"
     ;;
-  *) echo "usage: $0 tests|card NAME [ARGS]|nvfp4|bf16|transformers|pipeline|pipe-alone|pipe-full" >&2; exit 2 ;;
+  mps-on)
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    # (pgrep -x matches at most 15 characters of a name: match the command line.)
+    pgrep -f "nvidia-cuda-mps-control -d" >/dev/null || nvidia-cuda-mps-control -d
+    echo "MPS control daemon: $(pgrep -f "nvidia-cuda-mps-control -d" || echo none)"
+    ;;
+  mps-off)
+    echo quit | nvidia-cuda-mps-control || true
+    ;;
+  calibrate)
+    python3 bench/gpu/card/calibrate.py --out "$out/calibration.json" 2>&1 | tee "$out/calibration.log"
+    cp "$out/calibration.json" /root/calibration.json
+    ;;
+  engines)
+    shift
+    work=/root/engines${ROUND:-}; rm -rf "$work"; mkdir -p "$work"
+    # Logs and JSON go home as they grow (a device call cut short still brings them).
+    dest=$out/engines${ROUND:-}; mkdir -p "$dest"
+    keep() { cp -f "$work"/soak_* "$work"/slow_gpu_* "$dest"/ 2>/dev/null; }
+    ( while sleep 15; do keep; done ) &
+    copier=$!
+    pids=()
+    for spec in "$@"; do
+      IFS=: read -r name pct vars rest <<<"$spec"
+      (
+        # Each engine its own card (memory counted per process: they share the GPU), its
+        # own SM share and its own compile caches (concurrent writers of one cache race).
+        export DGSTREAM_CARD_GIB=23.6 DGSTREAM_CARD_SHARED=1 DGSTREAM_CARD_REPORT=/root/cards-$name
+        export DGSTREAM_CARD_CONTEXT_GIB=${CARD_CONTEXT_GIB:-1.0}
+        export PYTHONPATH=$root/bench/gpu/card:$PYTHONPATH
+        c=/root/cache-$name
+        export VLLM_CACHE_ROOT=$c/vllm TRITON_CACHE_DIR=$c/triton TORCHINDUCTOR_CACHE_DIR=$c/inductor
+        export HUMMING_CACHE_DIR=$c/humming XDG_CACHE_HOME=$c/xdg
+        export DGSTREAM_READS_DEBUG_DIR=$work/flags-$name
+        if [ "$pct" != 100 ]; then export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$pct; fi
+        IFS=, read -ra kv <<<"$vars"
+        for v in "${kv[@]}"; do [ -n "$v" ] && export "${v?}"; done
+        # CACHE_FROM=OTHER: start from another engine's compile caches (a warm start).
+        if [ -n "${CACHE_FROM:-}" ] && [ -d "/root/cache-$CACHE_FROM" ] && [ ! -d "$c" ]; then
+          cp -r "/root/cache-$CACHE_FROM" "$c"
+        fi
+        if [ "${rest%% *}" = pytest ]; then
+          # The slow-GPU test at this share (its JSON lands beside the logs).
+          DGSTREAM_SLOW_GPU_PCT=$pct DGSTREAM_GPU_OUT=$work timeout -k 10 "${RUN_TIMEOUT:-560}" \
+            python3 -m pytest tests/workers/engine/test_vllm_slow_gpu.py -m gpu -v -s \
+            -p no:cacheprovider > "$work/soak_$name.log" 2>&1
+        else
+          # shellcheck disable=SC2086
+          timeout -k 10 "${RUN_TIMEOUT:-560}" python3 bench/gpu/reads_soak.py --name "$name" \
+            --out "$work/soak_$name.json" $rest > "$work/soak_$name.log" 2>&1
+        fi
+        echo "engine $name exited $?" >> "$work/soak_$name.log"
+      ) &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    kill "$copier" 2>/dev/null
+    keep
+    for spec in "$@"; do grep -h "^# \|dgstream watch\|passed\|failed\|Error" "$work/soak_${spec%%:*}.log" | tail -n 12; done
+    ;;
+  followup)
+    # The round after `engines` a c ref (the diagnosis): its outcome picks the next engines
+    # (bench/gpu/followup.py says which and why), so the round runs with no pause between.
+    specs=$(python3 bench/gpu/followup.py /root/engines) || exit 1
+    echo "followup: $specs"
+    eval "set -- $specs"
+    ROUND=2 bash "$0" engines "$@"
+    ;;
+  *) echo "usage: $0 tests|card NAME [ARGS]|nvfp4|bf16|transformers|pipeline|pipe-alone|pipe-full|mps-on|mps-off|calibrate|engines SPEC..." >&2; exit 2 ;;
 esac

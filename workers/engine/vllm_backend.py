@@ -709,12 +709,59 @@ def build_xargs(read: Read, *, constrained: bool = True) -> dict[str, Any]:
 
 
 def _softmax(logprobs: np.ndarray) -> np.ndarray:
+    if np.isnan(logprobs).any():
+        raise RecoverableEngineError("a label logprob is NaN at a slot")
     finite = np.isfinite(logprobs)
     if not finite.any():
         raise RecoverableEngineError("every label logprob is -inf at a slot")
     shifted = np.where(finite, logprobs - logprobs[finite].max(), -np.inf)
     e = np.exp(shifted)
     return e / e.sum()
+
+
+# The checks of a slot's row (`check_row`). A logprob vLLM computed is a float32
+# log-softmax value: above 0 by float32 rounding at most (~1e-7), and a constrained row
+# (the log-softmax over the allowed ids, every one of them reported) normalises to within
+# ~1e-6 for 128 ids. 1e-3 is far above that rounding and far below what a row that mixes
+# two rows' values, or holds garbage, gives (measured on the GPU: docs/vllm.md).
+LOGPROB_ABOVE_ZERO_TOL = 1e-4
+NORMALIZER_TOL = 1e-3
+
+
+def check_row(where: str, ids: Sequence[int], values: Sequence[float], constrained: bool) -> None:
+    """Refuse a canvas position's logprobs that no correct step can give (as a
+    RecoverableEngineError naming `where`): a NaN; +inf or a logprob above 0; column 0 (the
+    argmax) below another column; a constrained row that does not normalise over its ids;
+    an unconstrained row whose ids hold more than all the probability. Cheap (a position's
+    dozen values); a row that is a valid distribution but another read's or another step's
+    passes them all, which only a comparison with a reference run can see."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return
+    if np.isnan(v).any():
+        raise RecoverableEngineError(f"{where}: impossible read: a logprob is NaN")
+    if (v > LOGPROB_ABOVE_ZERO_TOL).any():
+        raise RecoverableEngineError(f"{where}: impossible read: a logprob above 0 ({v.max()})")
+    finite = v[np.isfinite(v)]
+    if finite.size == 0:
+        return  # every value -inf: the slot's own check names it
+    if np.isfinite(v[0]) and v[0] < finite.max() - NORMALIZER_TOL:
+        raise RecoverableEngineError(
+            f"{where}: impossible read: the argmax's logprob {v[0]} is below {finite.max()}"
+        )
+    # Column 0 repeats one of the ids: count each id once.
+    seen: dict[int, float] = {}
+    for t, x in zip(ids, v, strict=True):
+        seen.setdefault(int(t), float(x))
+    lse = float(np.logaddexp.reduce(np.fromiter(seen.values(), dtype=np.float64)))
+    if constrained and abs(lse) > NORMALIZER_TOL:
+        raise RecoverableEngineError(
+            f"{where}: impossible read: the allowed ids' probabilities sum to {math.exp(lse):.6f}"
+        )
+    if not constrained and lse > NORMALIZER_TOL:
+        raise RecoverableEngineError(
+            f"{where}: impossible read: the reported ids' probabilities sum to {math.exp(lse):.6f}"
+        )
 
 
 def _slot_read(
@@ -745,18 +792,25 @@ def _slot_read(
     )
 
 
-def _position_row(logprobs: Any, pos: int) -> dict[int, float]:
-    """{token_id: logprob} at one canvas position of a FlatLogprobs or list of dicts."""
+def _position_columns(logprobs: Any, pos: int) -> tuple[list[int], list[float]]:
+    """(token ids, logprobs) at one canvas position, in vLLM's column order (column 0 the
+    sampled, argmax, token), of a FlatLogprobs or a list of dicts."""
     if hasattr(logprobs, "start_indices"):  # vllm.logprobs.FlatLogprobs
         lo, hi = logprobs.start_indices[pos], logprobs.end_indices[pos]
-        return {
-            int(t): float(v)
-            for t, v in zip(logprobs.token_ids[lo:hi], logprobs.logprobs[lo:hi], strict=True)
-        }
+        return (
+            [int(t) for t in logprobs.token_ids[lo:hi]],
+            [float(v) for v in logprobs.logprobs[lo:hi]],
+        )
     entry = logprobs[pos]
     if entry is None:
-        return {}
-    return {int(t): float(lp.logprob) for t, lp in entry.items()}
+        return [], []
+    return [int(t) for t in entry], [float(lp.logprob) for lp in entry.values()]
+
+
+def _position_row(logprobs: Any, pos: int) -> dict[int, float]:
+    """{token_id: logprob} at one canvas position of a FlatLogprobs or list of dicts."""
+    ids, values = _position_columns(logprobs, pos)
+    return dict(zip(ids, values, strict=True))
 
 
 def parse_output(read: Read, request_output: Any, *, constrained: bool = True) -> ReadResult:
@@ -778,12 +832,20 @@ def parse_output(read: Read, request_output: Any, *, constrained: bool = True) -
                 f"read {read.tag!r}: slot {slot.question_id!r} at {slot.position} but the "
                 f"output has {n} positions"
             )
-        row = _position_row(logprobs, slot.position)
+        ids, values = _position_columns(logprobs, slot.position)
+        row = dict(zip(ids, values, strict=True))
         if slot.position < len(token_ids):
             argmax_id: int | None = int(token_ids[slot.position])
         else:  # column 0 of a position is the sampled (argmax) token
             argmax_id = next(iter(row), None)
         slots.append(_slot_read(slot, row, argmax_id, constrained))
+        # The slot's own checks first (a missing label, all -inf), then the row's.
+        check_row(
+            f"read {read.tag!r}: slot {slot.question_id!r} at {slot.position}",
+            ids,
+            values,
+            constrained,
+        )
     return ReadResult(slots=tuple(slots))
 
 

@@ -15,7 +15,13 @@ once CUDA initialises there:
   sampler's tiles from these, so `gpu_memory_utilization` means what it would on the card;
 - with DGSTREAM_CARD_REPORT set to a directory, the process writes its peak memory there
   (`card-<pid>.json`, rewritten every second and at exit: vLLM's engine core may be killed
-  rather than exit).
+  rather than exit), with the SM share it runs at (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, the
+  compute-limited profiles of `profiles.py`) and the SM count the driver reports to it;
+- with DGSTREAM_CARD_SHARED=1, several emulated cards share one GPU (engines side by side
+  under MPS): "used" is this process's own, PyTorch's reserved memory plus the context,
+  instead of the whole GPU's, so one engine's start does not read another's memory as its
+  own; what a process holds outside PyTorch is then an estimate
+  (DGSTREAM_CARD_SHARED_OUTSIDE_GIB, 0.5 by default, measured).
 
 Nothing happens in a process that never initialises CUDA (the benchmark's driver, vLLM's
 front end, Ray's raylet): no context is created here.
@@ -40,9 +46,20 @@ def _install(card_gib: float) -> None:
     report_dir = os.environ.get("DGSTREAM_CARD_REPORT")
     true_info = torch.cuda.mem_get_info  # the real card's (free, total)
 
+    shared = os.environ.get("DGSTREAM_CARD_SHARED") == "1"
+    # What an engine process held outside PyTorch's allocator beyond the context, counted
+    # against its card in shared mode: 0.48 GiB (22.18 GiB in use, 21.70 reserved by
+    # PyTorch, an engine core on the H200 on 2026-12-07; docs/data/card24/slow_gpu). Without
+    # it three engines' KV caches came out 0.3 GiB larger than on a card of their own and
+    # the read path's 1 GiB warmup tile then hit the allocator's cap.
+    outside = int(float(os.environ.get("DGSTREAM_CARD_SHARED_OUTSIDE_GIB", "0.5")) * gib)
+
     def info(device=None):  # torch's own signature
-        free, total = true_info(device)
-        used = total - free
+        if shared:
+            used = torch.cuda.memory_reserved(device) + context + outside
+        else:
+            free, total = true_info(device)
+            used = total - free
         return (max(0, card - used), card)
 
     def report() -> None:
@@ -56,6 +73,9 @@ def _install(card_gib: float) -> None:
             "peak_allocated_gib": torch.cuda.max_memory_allocated() / gib,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / gib,
             "gpu_used_gib": (true_info()[1] - true_info()[0]) / gib,
+            "shared_gpu": shared,
+            "mps_active_thread_percentage": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
             "time": time.time(),
         }
         path = os.path.join(report_dir, f"card-{os.getpid()}.json")

@@ -429,7 +429,14 @@ class _AdmittingEngine:
             and list(r.canvas_ids) == (params.extra_args or {}).get("diffusion_seed_canvas")
         )
         admit(self.served, read, params)
-        rows = {s.position: {t: -1.0 for t in s.label_ids} for s in read.slots}
+        # A constrained row is a log-softmax over the requested ids (parse_output checks it):
+        # the slot's labels level, the union's other ids far below.
+        union = read.label_union
+        rows = {}
+        for s in read.slots:
+            raw = {t: (-1.0 if t in s.label_ids else -30.0) for t in union}
+            norm = float(np.logaddexp.reduce(list(raw.values())))
+            rows[s.position] = {t: v - norm for t, v in raw.items()}
         await asyncio.sleep(0)
         yield _request_output(read, rows, flat=True)
 
@@ -836,8 +843,15 @@ def test_a_shared_label_set_leaves_every_slot_distribution_unchanged() -> None:
         for pos in range(width):
             row = logits[pos, cols[[ids[t] for t in asked]] % logits.shape[1]]
             lp = row - np.log(np.exp(row).sum())
+            # Column 0 is the argmax, as vLLM reports it (parse_output checks it).
+            best = int(np.argmax(lp))
             append_logprobs_for_next_position(
-                flat, asked, lp.tolist(), [None] * len(asked), 1, len(asked)
+                flat,
+                [asked[best], *asked],
+                [float(lp[best]), *lp.tolist()],
+                [None] * (len(asked) + 1),
+                1,
+                len(asked),
             )
         out = CompletionOutput(
             index=0,

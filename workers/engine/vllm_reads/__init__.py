@@ -63,6 +63,9 @@ def register() -> None:
     stock_hook = model_configs.MODELS_CONFIG_MAP[ARCHITECTURE]
     model_configs.MODELS_CONFIG_MAP[ARCHITECTURE] = _keep_max_num_seqs(stock_hook)
     _status = f"registered for vLLM {version}"
+    from workers.engine.vllm_reads import debug
+
+    debug.install()  # inert unless a diagnostics variable is set (debug.py)
 
 
 def one_step_refusal(vllm_config: Any) -> str | None:

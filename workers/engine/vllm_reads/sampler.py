@@ -27,6 +27,7 @@ import torch
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
+from workers.engine.vllm_reads import debug
 from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import vocab_tile_rows
 from workers.engine.vllm_reads.plan import (
@@ -185,6 +186,9 @@ class DgReadSampler:
             stock._finish_prefills(batch, plan.prefill)
         # 2. every group of rows, read.
         reads = self._read_groups(rows, plan)
+        watch = debug.watch()
+        if watch is not None:
+            watch.record(rows, reads.logprobs, plan, batch, fused_requests(batch))
         # 3. the argmax canvas, the counts and the logprobs, as vLLM's sampler gives them.
         device = rows.device
         sampled = stock._sampled[:n]

@@ -1,0 +1,152 @@
+"""The compute-limited card's tools on the CPU (docs/vllm.md, a slower GPU): the card
+profiles and their SM share, the soak's workload and comparison, the follow-up round's pick,
+the read path's step
+watch. The GPU runs use them as checked here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench" / "gpu" / "card"))
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+
+import card_profiles as cp  # noqa: E402
+import followup  # noqa: E402
+import soak_compare  # noqa: E402
+from support.vllm_soak import SIZES, parse_phases, workload  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+# The first measurement on an H100 (2026-12-07): 805 TFLOP/s plain, 231 at 25%, 102 at 12%.
+ISSUE_POINTS = {12: 102.0, 25: 231.0, 100: 805.0}
+
+
+def test_profiles_carry_the_vendors_dense_rates() -> None:
+    assert cp.profile("L4").bf16_tflops == 121.0
+    assert cp.profile("a10g") is cp.PROFILES["a10"]
+    assert cp.profile("4090").bf16_tflops == pytest.approx(165.2)
+    with pytest.raises(KeyError, match="known"):
+        cp.profile("t4")
+
+
+@pytest.mark.parametrize(("card", "share"), [("l4", 14), ("a10", 14), ("rtx4090", 18)])
+def test_the_share_is_the_percentage_nearest_the_rate(card: str, share: int) -> None:
+    assert cp.share_for(ISSUE_POINTS, cp.profile(card).bf16_tflops) == share
+
+
+def test_interpolation_is_linear_between_points_and_through_zero_below() -> None:
+    assert cp.interpolate(ISSUE_POINTS, 6) == pytest.approx(51.0)
+    assert cp.interpolate(ISSUE_POINTS, 18.5) == pytest.approx((102 + 231) / 2)
+    assert cp.interpolate(ISSUE_POINTS, 100) == 805.0
+
+
+def test_a_lone_read_is_bandwidth_bound_on_an_l4_and_batch_256_compute_bound() -> None:
+    r = cp.read_rooflines(cp.profile("l4"))
+    assert r["unique_b1_bound"] == 1.0
+    assert r["unique_b1_ms"] == pytest.approx(cp.STEP_BYTES / 300e9 * 1e3)
+    # 4,096 tokens a step of 7.68 GFLOP each take longer than the step's weights.
+    assert r["unique_b256_reads_s"] == pytest.approx(121e12 / (272 * cp.FLOP_PER_TOKEN))
+    assert "23.6 GiB" in cp.describe(14, 118.4)
+
+
+def test_the_workload_is_a_fixed_function_of_its_seed() -> None:
+    a, b = workload(0, 3000, SIZES, 5000), workload(0, 3000, SIZES, 5000)
+    assert a == b
+    assert workload(1, 3000, SIZES, 5000) != a
+    reads = [r for batch in a for r in batch]
+    assert [r.tag for r in reads] == [f"r{i}" for i in range(len(reads))]
+    assert {len(batch) for batch in a} <= set(SIZES)
+    shared = [batch for i, batch in enumerate(a) if i % 2]
+    assert all(r.shared_prefix_len == 224 for batch in shared for r in batch)
+    # four question sets: batch 1 and batch 9 share a prefix, 1 and 3 do not
+    assert a[1][0].prompt_ids[:224] == a[9][0].prompt_ids[:224]
+    assert a[1][0].prompt_ids[:224] != a[3][0].prompt_ids[:224]
+
+
+@pytest.mark.parametrize("bad", ["plain", "plain:x", ":", "a:1,b"])
+def test_a_bad_phase_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="--phases"):
+        parse_phases(bad)
+
+
+def _soak(values: dict[str, list[list[float]]], failed: int = 0, **kw: Any) -> dict[str, Any]:
+    phases = [{"phase": "all", "reads": len(values), "failed_batches": failed}]
+    return {"phases": phases, "reads": values, **kw}
+
+
+def test_the_comparison_sees_a_swapped_read_and_measures_the_noise() -> None:
+    rng = np.random.default_rng(0)
+    ref = {
+        f"r{i}": [rng.normal(-2, 0.3, 2).tolist(), rng.normal(-2, 0.3, 4).tolist()]
+        for i in range(50)
+    }
+    run = {k: [[x + 1e-4 for x in s] for s in v] for k, v in ref.items()}
+    run["r1"], run["r2"] = run["r2"], run["r1"]
+    run["r3"] = [["nan", -1.0], [-1.0] * 4]
+    repeat = {"r0": [[x + 2e-4 for x in s] for s in ref["r0"]]}
+    out = soak_compare.compare(_soak(ref), _soak(run, failed=1))
+    assert out["compared"] == 49 and out["not_finite_in_run"] == 1
+    assert out["lp_gap"]["max"] > 0.01  # the swapped pair
+    assert out["lp_gap"]["p50"] == pytest.approx(1e-4, rel=1e-3)
+    assert out["failed_batches"] == 1
+    assert soak_compare.noise(_soak(ref, repeat=repeat))["max"] == pytest.approx(2e-4, rel=1e-3)
+    assert soak_compare.separation(_soak(ref), sample=10)["p50"] > 0.01
+
+
+def _round(phases: list[tuple[str, int]], sms: str = "132") -> dict[str, Any]:
+    return {
+        "phases": [{"phase": p, "failed_batches": n} for p, n in phases],
+        "info": {"humming_sms": sms},
+    }
+
+
+@pytest.mark.parametrize(
+    ("a", "c", "case"),
+    [
+        ([("plain", 2), ("sync", 0), ("plain2", 1)], [("all", 0)], "H"),
+        ([("plain", 2), ("sync", 0), ("plain2", 1)], [("all", 3)], "S"),
+        ([("plain", 0), ("sync", 0), ("plain2", 0)], [("all", 0)], "N"),
+        ([("plain", 2), ("sync", 1), ("plain2", 1)], [("all", 3)], "X"),
+    ],
+)
+def test_the_follow_up_round_follows_the_diagnosis(
+    a: list[tuple[str, int]], c: list[tuple[str, int]], case: str
+) -> None:
+    got, specs = followup.pick(_round(a), _round(c), 80.0)
+    assert got.startswith(case)
+    assert 1 <= len(specs) <= 3  # three cards fit an H100's 80 GB
+    assert all(len(s.split(":", 3)) == 4 for s in specs)  # NAME:PCT:VARS:ARGS
+    if case == "H":
+        assert "DGSTREAM_DEBUG_HUMMING_SMS=132" in specs[0]
+
+
+def test_the_step_watch_names_the_bad_rows_requests() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from workers.engine.vllm_reads import debug
+
+    rows = torch.randn(6, 8)
+    rows[2, 3] = float("nan")
+    lp = torch.randn(6, 4)
+    lp[4] = float("-inf")
+    flags = debug.row_flags(rows, lp).numpy()
+    assert flags.tolist() == [[0, 0, 1, 0, 0, 0], [0, 0, 0, 0, 1, 0]]
+    meta = {
+        "step": 3,
+        "num_reqs": 3,
+        "num_tokens": 100,
+        "row_request": np.array([0, 0, 1, 1, 2, 2]),
+        "prefill": 0,
+        "fused": np.array([1]),
+        "req_ids": ["a", "b", "c"],
+    }
+    info = debug.describe(flags, meta)
+    assert info["bad_req_ids"] == ["b", "c"]
+    assert (info["bad_hidden_rows"], info["bad_logprob_rows"], info["bad_fused"]) == (1, 1, 1)
+    assert info["whole_reqs"] == 0
