@@ -35,6 +35,7 @@ from pydantic import Field, field_validator
 from schemas._common import WireModel
 from schemas._version import SchemaVersion
 from schemas.errors import ErrorCode, RequestError
+from schemas.headers import HeaderKey, key_bytes
 from schemas.parse import request_id_hint
 
 # A record header as kafka-python gives and takes it.
@@ -100,10 +101,33 @@ class SourceRef(WireModel):
 class OriginalHeader(WireModel):
     """One header of the refused record."""
 
-    key: str
+    key: str = Field(
+        description="The header's key as text. A key whose bytes are not UTF-8 reads as "
+        "Kafka's Java consumer reads it (each malformed sequence one U+FFFD); its bytes are "
+        "in `key_base64`."
+    )
     value: str | None = Field(description="The header's value, base64; null if none.")
+    key_base64: str | None = Field(
+        default=None,
+        description="The key's bytes, base64, when they are not UTF-8; null for a UTF-8 key.",
+    )
 
-    _value_is_b64 = field_validator("value")(_check_b64)
+    _value_is_b64 = field_validator("value", "key_base64")(_check_b64)
+
+    @classmethod
+    def of(cls, key: str, value: bytes | None) -> OriginalHeader:
+        raw = key_bytes(key)
+        return cls(
+            key=str(key),
+            value=None if value is None else _b64(value),
+            key_base64=None if raw is None else _b64(raw),
+        )
+
+    def original_key(self) -> str:
+        """The key as the record had it: a `HeaderKey` (its own bytes) when not UTF-8."""
+        if self.key_base64 is None:
+            return self.key
+        return HeaderKey(base64.b64decode(self.key_base64))
 
 
 class DeadLetter(WireModel):
@@ -170,7 +194,8 @@ class DeadLetter(WireModel):
 
     def original_headers(self) -> list[Header]:
         return [
-            (h.key, None if h.value is None else base64.b64decode(h.value)) for h in self.headers
+            (h.original_key(), None if h.value is None else base64.b64decode(h.value))
+            for h in self.headers
         ]
 
     # ---------------------------------------------------------------- the raw format
@@ -300,10 +325,7 @@ class DeadLetter(WireModel):
                 key=None if key is None else _b64(key),
                 timestamp_ms=timestamp_ms,
             ),
-            headers=[
-                OriginalHeader(key=k, value=None if v is None else _b64(v))
-                for k, v in (headers or [])
-            ],
+            headers=[OriginalHeader.of(k, v) for k, v in (headers or [])],
             request_id=(request_id_hint(data) if data else None) or fallback_id,
             worker=worker,
             time=time if time is not None else datetime.now(UTC),

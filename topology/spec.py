@@ -119,7 +119,8 @@ class RestartSpec(_Frozen):
     # takes the replica over from Ray's immediate restarts onto its backoff. 5: a poison
     # record costs 4 restarts with the worker's defaults (poison.suspect_after 2 +
     # poison_after 2) before it is dead-lettered, which is no loop; one worker exiting on
-    # every record (issue 50: 48 incarnations in 5 minutes) reaches 5 within half a minute.
+    # every record (seen on 2026-12-07: 48 incarnations in 5 minutes) reaches 5 within
+    # half a minute.
     loop_restarts: int = Field(default=5, ge=1)
 
 

@@ -9,7 +9,6 @@ then a matter of checking whether the quirk is gone, here, one function at a tim
 
 from __future__ import annotations
 
-import codecs
 import functools
 import threading
 from typing import Any
@@ -17,6 +16,8 @@ from typing import Any
 from kafka import TopicPartition
 from kafka.errors import ProducerFencedError
 from kafka.structs import MemberState
+
+from schemas.headers import HeaderKey, java_text
 
 __all__ = [
     "OFFSET_FETCH_TIMEOUT_MS",
@@ -30,6 +31,7 @@ __all__ = [
     "install",
     "java_text",
     "keep_finished_joins",
+    "keep_unread_errors",
     "no_auto_create",
     "read_any_header_key",
     "read_position",
@@ -181,8 +183,9 @@ def held_back(consumer: Any, hog: TopicPartition) -> set[TopicPartition]:
     fetch at all while any response is in line (`fetch_records` sends only when nothing
     is buffered beyond the records in hand). So while a flood's records are handed out,
     another partition is held back when its response waits in line, or when no fetch is
-    in flight to its leader (its new records are not even asked for). An empty set on a
-    kafka-python without this private state."""
+    in flight to its leader (its new records are not even asked for), or when its records
+    were parked while it was paused (they come back only once no other partition's records
+    are in line). An empty set on a kafka-python without this private state."""
     fetcher = getattr(consumer, "_fetcher", None)
     line = getattr(fetcher, "_completed_fetches", None)
     pending = getattr(fetcher, "_nodes_with_pending_fetch_requests", None)
@@ -190,6 +193,8 @@ def held_back(consumer: Any, hog: TopicPartition) -> set[TopicPartition]:
     if line is None or pending is None or subscription is None:
         return set()
     queued = {getattr(c, "topic_partition", None) for c in list(line)}
+    queued |= set(getattr(fetcher, "_paused_partition_records", None) or ())
+    queued |= set(getattr(fetcher, "_paused_completed_fetches", None) or ())
     cluster = getattr(getattr(fetcher, "_manager", None), "cluster", None)
     out: set[TopicPartition] = set()
     try:
@@ -376,59 +381,6 @@ class _BoundedBatch:
 # --------------------------------------------------------------------------- header keys
 
 
-class HeaderKey(str):
-    """A record header's key whose bytes are not UTF-8, as Kafka's Java consumer reads it:
-    the text with each malformed sequence replaced by U+FFFD (Java decodes a header key
-    with `new String(bytes, UTF_8)`), carrying the original bytes in `raw`.
-
-    Everything that reads the key as text (logs, the dead letter's JSON, comparisons with
-    our own header names) sees the replaced text; kafka-python's producer writes a key
-    with `key.encode("utf-8")` (record/default_records.py), which here gives back the
-    original bytes, so a key copied onto a result or a dead letter stays intact."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> HeaderKey:
-        key = super().__new__(cls, java_text(raw))
-        key.raw = bytes(raw)
-        return key
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        if codecs.lookup(encoding).name == "utf-8":
-            return self.raw
-        return super().encode(encoding, errors)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return HeaderKey, (self.raw,)
-
-
-def java_text(raw: bytes) -> str:
-    """`raw` decoded as UTF-8 the way Java's `new String(bytes, UTF_8)` does: each malformed
-    sequence becomes one U+FFFD. Python's "replace" agrees (both replace the longest
-    prefix of a valid sequence) except after ED followed by A0..BF, the start of an encoded
-    surrogate (what Java's own "modified UTF-8" and CESU-8 write): Java takes ED and the
-    continuation bytes after it (two or three) as one malformed sequence, Python each byte
-    on its own (ED may only be followed by 80..9F). Checked against Kafka's console
-    consumer (tests/workers/test_header_keys.py)."""
-    return bytes(raw).decode("utf-8", _JAVA_REPLACE)
-
-
-def _java_replace(exc: UnicodeError) -> tuple[str, int]:
-    if not isinstance(exc, UnicodeDecodeError):
-        raise exc
-    data, at = exc.object, exc.start
-    if data[at] == 0xED and at + 1 < len(data) and 0xA0 <= data[at + 1] <= 0xBF:
-        end = at + 2
-        if end < len(data) and 0x80 <= data[end] <= 0xBF:
-            end += 1
-        return "\ufffd", end
-    return "\ufffd", exc.end
-
-
-_JAVA_REPLACE = "dgstream-java-replace"
-codecs.register_error(_JAVA_REPLACE, _java_replace)
-
-
 def read_any_header_key() -> None:
     """Make kafka-python read a record whose header key is not UTF-8 instead of failing the
     whole batch. kafka-python 3.0 decodes each header key strictly (record/
@@ -531,8 +483,66 @@ def _read_record(batch: Any) -> Any:
     )
 
 
+def keep_unread_errors() -> None:
+    """Never lose the error of a record batch the consumer cannot read.
+
+    kafka-python 3.0 (consumer/fetcher.py, fetched_records) hands out the records before a
+    batch it cannot read (a failed CRC, a codec it lacks) and keeps the error for the next
+    call. That call raises it only if the partition is still fetchable at the same
+    position; otherwise (paused meanwhile, as the worker's backpressure pauses every
+    partition, or sought elsewhere) it drops the error, while the records object that met
+    it stays in line, used up but never drained, and the next fetched_records that reaches
+    it loops on it for ever: poll() never returns. The worker's consumer thread spun at
+    100% CPU inside poll(), its offset at the bad batch, no error and no restart (seen on
+    2026-12-07 in 2 of 4 runs of a pool whose input ended at such a batch). Draining that
+    records object whenever the error is dropped makes the partition be fetched again from
+    its position, so the same batch raises the same error where the worker can see it
+    (once the partition is resumed, at that position). Process-wide and idempotent."""
+    from kafka.consumer.fetcher import Fetcher
+
+    original = getattr(Fetcher, "fetched_records", None)
+    if original is None or getattr(original, "_dgstream_keeps_errors", False):
+        return
+    with _PATCH_LOCK:
+        if getattr(Fetcher.fetched_records, "_dgstream_keeps_errors", False):
+            return
+
+        @functools.wraps(original)
+        def fetched_records(self: Any, *args: Any, **kwargs: Any) -> Any:
+            held = getattr(self, "_next_in_line_exception_metadata", None)
+            if held is not None and not _raised_next(self, held):
+                _drain_partition(self, held.partition)
+            return original(self, *args, **kwargs)
+
+        fetched_records._dgstream_keeps_errors = True  # type: ignore[attr-defined]
+        Fetcher.fetched_records = fetched_records
+
+
+def _raised_next(fetcher: Any, held: Any) -> bool:
+    """Whether kafka-python's next fetched_records raises the error it holds (its own test)."""
+    subscriptions, tp = fetcher._subscriptions, held.partition
+    try:
+        return bool(
+            subscriptions.is_fetchable(tp)
+            and subscriptions.position(tp).offset == held.fetched_offset
+        )
+    except (KeyError, AttributeError):  # no longer assigned: nothing to keep
+        return False
+
+
+def _drain_partition(fetcher: Any, tp: Any) -> None:
+    """Drain `tp`'s records in line or parked: it is fetched again from its position."""
+    in_line = getattr(fetcher, "_next_partition_records", None)
+    if in_line is not None and getattr(in_line, "topic_partition", None) == tp:
+        in_line.drain()
+    parked = getattr(fetcher, "_paused_partition_records", {}).pop(tp, None)
+    if parked is not None:
+        parked.drain()
+
+
 def install() -> None:
     """The process-wide workarounds every kafka-python client of dgstream needs
-    (`keep_finished_joins`, `read_any_header_key`); idempotent."""
+    (`keep_finished_joins`, `keep_unread_errors`, `read_any_header_key`); idempotent."""
     keep_finished_joins()
+    keep_unread_errors()
     read_any_header_key()

@@ -50,6 +50,7 @@ def record():
     m.record_aborted()
     m.record_outage_try("engine")
     m.record_registry_unverified()
+    m.set_state("running")
     kwargs = {
         name: (
             True if "bool" in str(p.annotation)

@@ -1,4 +1,4 @@
-"""`dgstream status` tells the truth (issue 50, item 7): a replica that holds records without
+"""`dgstream status` tells the truth: a replica that holds records without
 progress is STALLED, one that restarts in a loop is FAILING, whatever ends it. Both make
 the command exit 1 naming the cause, and show on `dgstream_failing{cause}`; the worker's
 own `dgstream_worker_state{state}` says "stalled", and a replica the controller takes out

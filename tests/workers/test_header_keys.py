@@ -7,6 +7,7 @@ key's bytes intact where it copies them, and the partition goes on."""
 
 from __future__ import annotations
 
+import base64
 import json
 import pickle
 import subprocess
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 from worker_helpers import Pipeline, WorkerThread, request_bytes
 
-from workers.kafka_quirks import HeaderKey, install, java_text
+from schemas import DeadLetter, ErrorCode, RequestError
+from schemas.headers import HeaderKey, java_text
+from workers.kafka_quirks import install
 
 # Not UTF-8: a lone continuation byte, truncated sequences (inside and at the end), overlong
 # forms, encoded surrogates (as Java's modified UTF-8 writes them), past U+10FFFF, bytes no
@@ -47,6 +50,19 @@ def test_a_header_key_keeps_its_bytes_and_reads_as_replaced_text(raw: bytes) -> 
     copy = pickle.loads(pickle.dumps(key))
     assert isinstance(copy, HeaderKey) and copy.raw == raw and copy == key
     assert json.dumps({"k": key}) == json.dumps({"k": str(key)})
+
+
+@pytest.mark.unit
+def test_a_dead_letter_keeps_a_bad_keys_bytes_beside_its_text() -> None:
+    error = RequestError(code=ErrorCode.INVALID_JSON, message="value: not JSON")
+    headers = [(HeaderKey(b"bad\xff"), b"1"), ("plain", None)]
+    letter = DeadLetter.build(error, b"x", "in", 0, 7, None, None, "w", headers=headers)
+    bad, plain = DeadLetter.model_validate_json(letter.model_dump_json()).headers
+    assert (bad.key, bad.key_base64) == ("bad\ufffd", base64.b64encode(b"bad\xff").decode())
+    assert (plain.key, plain.key_base64) == ("plain", None)
+    (key, value), (plain_key, _) = letter.original_headers()
+    assert isinstance(key, HeaderKey) and key.encode() == b"bad\xff" and value == b"1"
+    assert plain_key == "plain" and not isinstance(plain_key, HeaderKey)
 
 
 @pytest.mark.unit
@@ -96,9 +112,9 @@ def test_a_record_with_a_bad_header_key_is_answered_and_its_partition_goes_on(
     pipeline.input += "-one"
     headers = [(HeaderKey(raw), f"v{i}".encode()) for i, raw in enumerate(BAD_KEYS)]
     pipeline.produce(
-        [request_bytes("bad-keys", 0), request_bytes("after", 2)],
-        keys=[b"bad-keys", b"after"],
-        headers=[[*headers, ("plain", b"p")], []],
+        [request_bytes("bad-keys", 0), b"not json", request_bytes("after", 2)],
+        keys=[b"bad-keys", b"refused", b"after"],
+        headers=[[*headers, ("plain", b"p")], headers, []],
         partition=0,
     )
     worker_threads.append(WorkerThread(pipeline.settings()).start())
@@ -116,6 +132,16 @@ def test_a_record_with_a_bad_header_key_is_answered_and_its_partition_goes_on(
     assert not reader.records or all(
         json.loads(r.value).get("status") == "ok" for r in reader.records
     )
+    # A refused record's dead letter keeps each key's text and its bytes.
+    dead = pipeline.reader(pipeline.dead)
+    dead.read_until(lambda r: len(r.records) >= 1, 60, "the dead letter")
+    (letter,) = [DeadLetter.from_record(r.value, r.key, r.headers) for r in dead.records]
+    assert letter.error.code == ErrorCode.INVALID_JSON
+    assert [h.key for h in letter.headers] == [str(k) for k, _ in headers]
+    assert [base64.b64decode(h.key_base64 or "") for h in letter.headers] == list(BAD_KEYS)
+    assert [(k.encode(), v) for k, v in letter.original_headers()] == [
+        (raw, f"v{i}".encode()) for i, raw in enumerate(BAD_KEYS)
+    ]
     # Kafka's Java consumer: the same keys, as text.
     java = _java_header_keys(kafka_broker, pipeline.input)
     assert java == [str(k) for k, _ in headers] + ["plain"], [ascii(k) for k in java]

@@ -19,6 +19,7 @@ from workers.kafka_quirks import (
     drop_refused_offsets,
     fenced,
     fetching_partition,
+    held_back,
     keep_finished_joins,
     no_auto_create,
     read_position,
@@ -30,6 +31,7 @@ from workers.kafka_quirks import (
 pytestmark = pytest.mark.unit
 
 T0 = TopicPartition("in", 0)
+T1 = TopicPartition("in", 1)
 
 
 @pytest.mark.parametrize(
@@ -239,3 +241,29 @@ def test_finished_joins_are_kept_once_and_only_while_rebalancing() -> None:
         assert asyncio.run(take_finished_join(left)) is False
         assert left.completed == [] and left.enabled == 0
         assert left.state is state and left._join_task is task and left.rejoin_needed
+
+
+def _fetcher_with(**state: Any) -> SimpleNamespace:
+    from kafka.consumer.subscription_state import SubscriptionState
+
+    subscription = SubscriptionState()
+    subscription.assign_from_user([T0, T1])
+    for tp in (T0, T1):
+        subscription.seek(tp, 0)
+    fetcher = SimpleNamespace(
+        _completed_fetches=[], _nodes_with_pending_fetch_requests=set(), **state
+    )
+    return SimpleNamespace(_fetcher=fetcher, _subscription=subscription)
+
+
+def test_a_partition_waits_behind_a_flood_when_queued_or_parked_and_not_otherwise() -> None:
+    """T0 hands out its records: T1 is held back when its fetch response is in line or
+    its records were parked while it was paused (they come back only once nothing else is
+    in line), and not when neither holds (its fetch is under way or answered)."""
+    assert held_back(_fetcher_with(), T0) == set()
+    queued = _fetcher_with()
+    queued._fetcher._completed_fetches.append(SimpleNamespace(topic_partition=T1))
+    assert held_back(queued, T0) == {T1}
+    assert held_back(_fetcher_with(_paused_partition_records={T1: object()}), T0) == {T1}
+    assert held_back(_fetcher_with(_paused_completed_fetches={T1: object()}), T0) == {T1}
+    assert held_back(SimpleNamespace(), T0) == set()  # no such private state: nothing

@@ -1,4 +1,4 @@
-"""Every output fits its topic, to the byte, without a broker (issue 50, item 2): the limit
+"""Every output fits its topic, to the byte, without a broker: the limit
 arithmetic against kafka-python's own sizes, the one decision that shapes a result
 (`fit_record`) and a dead letter (`dead_letter_record`), as properties over any key, value
 and headers sizes and any limits, and the worker's start refusing a dead-letter topic too

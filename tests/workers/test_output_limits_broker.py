@@ -1,5 +1,5 @@
-"""Every record gets one answer or one dead letter that fits its topic, on the real broker
-(issue 50, item 2): the size arithmetic checked against the broker and kafka-python's
+"""Every record gets one answer or one dead letter that fits its topic, on the real broker:
+the size arithmetic checked against the broker and kafka-python's
 producer to the byte, then a worker given records at those limits and the report's
 reproductions (a 2 MB key; 3 headers of 512 KB; requests of 1,048,576 and 1,048,577 bytes,
 zstd). Each record is answered or dead-lettered exactly once, with its code, and the

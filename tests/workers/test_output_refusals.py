@@ -117,6 +117,10 @@ def test_outputs_that_cannot_be_produced_are_dead_lettered_and_neighbours_answer
         assert sorted(keys) == sorted(good)
     status = wt.worker.status()
     assert status["state"] == "running" and wt.error is None
-    assert status["dead_letter_codes"].get("OUTPUT_TOO_LARGE") == 2
+    refused = status["dead_letter_codes"].get("OUTPUT_TOO_LARGE", 0)
+    if delivery == "exactly_once":
+        assert refused == 2
+    else:  # the batch read again after a refusal files its letters again (counted each time)
+        assert refused >= 2
     wt.worker.drain()
     wt.join()

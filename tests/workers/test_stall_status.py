@@ -1,5 +1,5 @@
 """A worker says it is STALLED when it holds records whose committed offsets do not move for
-`stall_after_s`, and only then (issue 50, item 7).
+`stall_after_s`, and only then.
 
 On a fake clock: the progress clock's rules (when a partition counts from, what resets it,
 what excuses it, the consumer that stops polling). On a real broker: an engine that blocks

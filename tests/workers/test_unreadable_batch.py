@@ -239,3 +239,56 @@ def test_a_batch_its_codec_refuses_stops_the_worker_as_undecodable(
     assert "zstd" in err.detail.lower()
     _check_stopped_at_the_batch(p, ids, err)
     _skip_and_resume(p, ids, worker_threads, kafka_broker.bootstrap)
+
+
+@pytest.mark.timeout(120)  # without the workaround, poll() never returns
+def test_an_unreadable_batch_still_raises_after_its_partition_was_paused(
+    one_partition: Pipeline, kafka_broker: BrokerInfo
+) -> None:
+    """kafka-python hands out the records before the bad batch and keeps its error for the
+    next poll, which drops it when the partition is paused by then (the worker's
+    backpressure pauses every partition while its slots are full). The error must come
+    once the partition is resumed; kafka-python alone loses it, and its next poll never
+    returns (it loops on the used-up records: `keep_unread_errors`)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import CorruptRecordError
+
+    p = one_partition
+    _send(p, [f"b{i}" for i in range(BEFORE)], one_batch=False)
+    _send(p, [f"x{i}" for i in range(INSIDE)], one_batch=True)
+    (bad,) = [
+        b
+        for b in segments.batches(kafka_broker.nodes[0].data_dir, p.input, 0)
+        if b.base_offset == BEFORE
+    ]
+    segments.corrupt(bad)
+    tp = TopicPartition(p.input, 0)
+    consumer = KafkaConsumer(
+        **p.conn.client_kwargs(client_id="paused-reader"),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+        consumer.assign([tp])
+        got: list[Any] = []
+        wait_for(
+            lambda: got.extend(consumer.poll(timeout_ms=200).get(tp, [])) or len(got) >= BEFORE,
+            60,
+            "the records before the batch",
+        )
+        assert [r.offset for r in got] == list(range(BEFORE))
+        consumer.pause(tp)
+        assert consumer.poll(timeout_ms=0) == {}
+        consumer.resume(tp)
+
+        def raises() -> bool:
+            try:
+                assert consumer.poll(timeout_ms=100) == {}
+            except CorruptRecordError:
+                return True
+            return False
+
+        wait_for(raises, 30, "the batch's error once the partition is resumed")
+        assert consumer.position(tp) == BEFORE
+    finally:
+        consumer.close(autocommit=False)

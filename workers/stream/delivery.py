@@ -204,10 +204,18 @@ class AtLeastOnce(Delivery):
                 self._completions.done(batch)
 
         futures = []
-        for o in outputs:
-            fut = self.producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
-            fut.add_callback(on_ack)
-            futures.append(fut)
+        try:
+            for o in outputs:
+                fut = self.producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+                fut.add_callback(on_ack)
+                futures.append(fut)
+        except KafkaError as exc:
+            # kafka-python refused to take an output at all (its metadata not had in
+            # max_block_ms, a sender gone fatal): the batch fails as a refused send does,
+            # rather than the engine loop, and is read again.
+            self._watch(batch, outputs[: len(futures)], futures)
+            self._failed(batch, outputs[len(futures)], exc)
+            return
         self._watch(batch, outputs, futures)
 
     def delivered(self, batch: Batch) -> None:

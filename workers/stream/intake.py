@@ -130,12 +130,17 @@ class Intake:
         others' fetched ones and fetches them again), then `hog` resumed (its parked
         records come back)."""
         consumer = self._consumer
+        self._streak = (None, 0)
+        if hog not in consumer.assignment():  # revoked since its last records
+            return {}
         consumer.pause(hog)
         try:
             records = self._poll(0, room)
         finally:
-            consumer.resume(hog)
-        self._streak = (None, 0)
+            # The poll may have revoked it (a rebalance completes inside poll): resuming a
+            # partition no longer assigned raises.
+            if hog in consumer.assignment():
+                consumer.resume(hog)
         return records
 
     def _poll(self, timeout_ms: int, max_records: int) -> Records:

@@ -19,6 +19,7 @@ from kafka.errors import KafkaError
 
 from workers.batches import tp_name
 from workers.errors import WorkerFailed
+from workers.inputs import bound_consumer
 from workers.kafka_admin import admin_client
 from workers.kafka_quirks import committed_offset
 from workers.settings import WorkerSettings
@@ -34,7 +35,8 @@ Records = dict[TopicPartition, list[Any]]
 
 
 def make_consumer(settings: WorkerSettings, client_id: str) -> Any:
-    """The group member: cooperative-sticky, no auto-commit, static when asked."""
+    """The group member: cooperative-sticky, no auto-commit, static when asked, with its
+    record batches bounded in memory (`bound_consumer`) before its first poll."""
     s = settings
     options: dict[str, Any] = {
         "group_id": s.group_id,
@@ -49,7 +51,9 @@ def make_consumer(settings: WorkerSettings, client_id: str) -> Any:
     }
     if s.static_membership:
         options["group_instance_id"] = s.group_instance_id
-    return KafkaConsumer(**s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **options)
+    consumer = KafkaConsumer(**s.kafka.client_kwargs(client_id=f"{client_id}-consumer"), **options)
+    bound_consumer(consumer, settings)
+    return consumer
 
 
 def membership(consumer: Any) -> dict[str, Any]:

@@ -179,12 +179,21 @@ class FakeConsumer:
         self.seeks.append((tp, offset))
 
     def pause(self, *tps: TopicPartition) -> None:
+        self._assigned_only(tps)
         self.pauses.append(("pause", set(tps)))
         self.paused |= set(tps)
 
     def resume(self, *tps: TopicPartition) -> None:
+        self._assigned_only(tps)
         self.pauses.append(("resume", set(tps)))
         self.paused -= set(tps)
+
+    def _assigned_only(self, tps: tuple[TopicPartition, ...]) -> None:
+        """kafka-python's pause() and resume() raise KeyError for a partition it does not
+        hold (its subscription state has no entry for it)."""
+        for tp in tps:
+            if tp not in self.assigned:
+                raise KeyError(tp)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)

@@ -95,6 +95,21 @@ def test_a_failed_output_reports_the_batch_once_and_asks_for_a_new_producer() ->
     assert d.broken
 
 
+def test_a_send_kafka_python_refuses_at_once_fails_the_batch_not_the_engine_loop() -> None:
+    """producer.send() itself raises (no metadata within max_block_ms, a sender gone
+    fatal): the batch fails with that error, as a refused send does."""
+    from kafka.errors import KafkaTimeoutError
+
+    d, _, done, producer, topics = _delivery()
+    b = batch(1, (T0, 0), (T0, 1))
+    refused = KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
+    producer.fail["send"] = refused
+    d.send(b, [output(b, "replies", i=0), output(b, i=1)])
+    ((seq, exc),) = _taken(done)
+    assert seq == 1 and isinstance(exc, SendFailed) and exc.cause is refused
+    assert topics.forgotten == ["replies"] and d.broken
+
+
 def test_an_abort_cancels_and_sends_nothing_back() -> None:
     d, s, _, producer, _ = _delivery()
     b = batch(1, (T0, 0))

@@ -223,6 +223,42 @@ def test_every_poll_lets_parked_records_of_resumed_partitions_back() -> None:
         assert consumer._fetcher._next_partition_records is None, step
 
 
+def _behind(consumer: FakeConsumer, waiting: Any) -> None:
+    """kafka-python's fetcher with `waiting`'s fetch response in line behind the records
+    being handed out (`workers.kafka_quirks.held_back`)."""
+    consumer.stand_at({T0: 0, T1: 0})
+    consumer._fetcher = SimpleNamespace(
+        _completed_fetches=[SimpleNamespace(topic_partition=waiting)],
+        _nodes_with_pending_fetch_requests=set(),
+        _next_partition_records=None,
+    )
+
+
+def test_a_partition_that_filled_a_batch_sits_out_a_poll_while_another_waits() -> None:
+    intake, _, consumer, _, _ = _intake()
+    _behind(consumer, T1)
+    intake.take({T0: [Rec(i, _request(f"r{i}")) for i in range(4)]})  # a batch's worth
+    intake.poll()
+    assert consumer.pauses == [("pause", {T0}), ("resume", {T0})]
+
+
+def test_a_partition_revoked_during_its_turn_is_not_resumed() -> None:
+    """A rebalance completes inside poll(): the partition sitting out may be gone after it,
+    and kafka-python's resume() raises KeyError for a partition it does not hold."""
+    intake, _, consumer, _, _ = _intake()
+    _behind(consumer, T1)
+    intake.take({T0: [Rec(i, _request(f"r{i}")) for i in range(4)]})
+    polled = consumer.poll
+
+    def revoking(timeout_ms: int, max_records: int) -> Any:
+        consumer.assigned = {T1}
+        return polled(timeout_ms, max_records)
+
+    consumer.poll = revoking  # type: ignore[method-assign]
+    intake.poll()
+    assert consumer.pauses == [("pause", {T0})]
+
+
 # ------------------------------------------------------------------ filling the batch
 
 
