@@ -45,6 +45,18 @@ class _Wrapped:
         await self.inner.close()
 
 
+class SlowEngine(_Wrapped):
+    """The fake engine, each read taking `read_s` (a slow GPU, not a wait on a condition)."""
+
+    def __init__(self, inner: Any, read_s: float) -> None:
+        super().__init__(inner)
+        self.read_s = read_s
+
+    async def read(self, reads: Sequence[Any]) -> list[Any]:
+        await asyncio.sleep(self.read_s)
+        return await self._passed_on(reads)
+
+
 class GateEngine(_Wrapped):
     """The fake engine, holding every read while `gate` is closed. `entered` is set once
     a read waits at the gate; `calls` counts reads started."""

@@ -26,6 +26,7 @@ from pydantic import (
 
 from schemas import ModerationOptions, OutputFormat, Question
 from schemas.names import TOPIC_PATTERN
+from schemas.request import QUESTION_TYPES
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
@@ -355,7 +356,7 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
         lines = []
         for err in exc.errors():
             # Discriminated unions add the tag to the path; it is not a field.
-            loc = tuple(p for p in err["loc"] if p not in ("noul", "yes_no", "choice", "score"))
+            loc = tuple(p for p in err["loc"] if p not in QUESTION_TYPES)
             lines.append(f"{_path(loc)}: {err['msg']}")
         raise SpecError(f"{source}: " + "; ".join(lines)) from None
 

@@ -269,8 +269,9 @@ class WorkerSettings(_Frozen):
     # "dgstream.replies.<id>"). The output topic is always allowed; internal topics
     # ("__..."), the input topics and the dead-letter topic never are.
     reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
-    # How results are written: "dgstream" (the result record) or "jev" (Jev's response
-    # shape); dead letters are the same in both.
+    # How results are written (schemas.output.OUTPUT_FORMATS): "dgstream" (the result
+    # record), "jev" (Jev's response shape) or "openai_moderation" (OpenAI's moderation
+    # response); dead letters are the same in all of them.
     output_format: OutputFormat = "dgstream"
     # In order: the first route whose condition holds sends a result to its topic; results
     # no route takes go to output_topic (a request's reply_topic wins over both).

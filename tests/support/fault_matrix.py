@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from faults import CrashOn, FlakyEngine, GateEngine, delete_topic
+from faults import CrashOn, FlakyEngine, GateEngine, SlowEngine, delete_topic
 from worker_helpers import (
     INPUT_PARTITIONS,
     OutputReader,
@@ -75,6 +75,10 @@ SCALE_EVERY_S = 2.0
 # that fail on their own meanwhile and outside it (a fifth: several failures a batch, so
 # every batch meets the retry path).
 ENGINE_DOWN_S = 2.0
+# The rebalance cell's engine: each read this long, so that a batch of 16 spends seconds in
+# the engine and both slots of every worker stay taken: each rebalance finds the consumer
+# thread in its backpressure wait (where it once deadlocked, 2026-12-07).
+FULL_READ_S = 0.15
 FLAKY_RATE = 0.2
 # A cell gives up waiting for its last answers this long after its fault and production
 # ended (the worst recoveries take one outage backoff plus a session timeout).
@@ -456,6 +460,10 @@ def _drain_timeout(run: Run) -> None:
     run.add(0)
 
 
+def _slow(run: Run, slot: int) -> Callable[[Any], Any]:
+    return lambda inner: SlowEngine(inner, FULL_READ_S)
+
+
 def _gated(run: Run, slot: int) -> Callable[[Any], Any]:
     def wrap(inner: Any) -> Any:
         engine = GateEngine(inner)
@@ -495,6 +503,12 @@ FAULTS: dict[str, Fault] = {
             "sigstop", "worker SIGSTOP past the session, SIGCONT", _worker_sigstop, kind="process"
         ),
         Fault("scaling", f"a worker added or removed every {SCALE_EVERY_S:g} s", _scaling),
+        Fault(
+            "rebalance_full",
+            f"a worker added or removed every {SCALE_EVERY_S:g} s, every slot taken",
+            _scaling,
+            engine=_slow,
+        ),
         Fault("broker_restart", "broker restart (the leader)", _broker_restart, touches="all"),
         Fault(
             "leader_kill",

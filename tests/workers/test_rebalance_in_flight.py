@@ -14,15 +14,14 @@ between polls (`workers.kafka_quirks.keep_finished_joins`)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, LogTap, _Wrapped, classifier_with
+from faults import DELIVERIES, LogTap, SlowEngine, classifier_with
 from waiting import wait_for
 from worker_helpers import Pipeline, WorkerThread, count_duplicates
 
@@ -51,21 +50,13 @@ class Tap(LogTap):
         return [kw for e, kw in self.fields if e == event]
 
 
-class SlowEngine(_Wrapped):
-    """The fake engine, each read taking `_READ_S` (a slow GPU, not a wait on a condition)."""
-
-    async def read(self, reads: Sequence[Any]) -> list[Any]:
-        await asyncio.sleep(_READ_S)
-        return await self._passed_on(reads)
-
-
 def _worker(p: Pipeline, delivery: str, replica: int) -> WorkerThread:
     settings = p.settings(
         delivery=delivery,
         replica=replica,
         batching={"max_records": 8, "max_wait_ms": 20, "max_in_flight": 2},
     )
-    classifier, _ = classifier_with(SlowEngine, settings)
+    classifier, _ = classifier_with(lambda inner: SlowEngine(inner, _READ_S), settings)
     return WorkerThread(settings, classifier=classifier)
 
 
@@ -218,7 +209,7 @@ def test_a_drain_that_starts_during_a_rebalance_finishes_it_and_commits(
         drain_timeout_s=40,
         batching={"max_records": 8, "max_wait_ms": 20, "max_in_flight": 2},
     )
-    classifier, _ = classifier_with(SlowEngine, settings)
+    classifier, _ = classifier_with(lambda inner: SlowEngine(inner, _READ_S), settings)
     w = WorkerThread(settings, classifier=classifier)
     tap = Tap(w.worker)
     worker_threads.append(w.start())
