@@ -52,30 +52,12 @@ NEVER = 10**12
 RUN_TIMEOUT_S = 600.0
 
 
-def _flood(p: Pipeline, n: int) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(
-        **p.conn.client_kwargs(client_id="dgstream-bench-flood"),
-        acks="all",
-        linger_ms=50,
-        batch_size=1 << 20,
-        compression_type="zstd",
-    )
-    try:
-        for _ in range(n):
-            producer.send(p.input, value=b"x", partition=0)
-        producer.flush(timeout=300)
-    finally:
-        producer.close(timeout=10)
-
-
 def run_once(boot: str, flood: int, fair: bool) -> dict[str, Any]:
     conn = KafkaConnection(bootstrap_servers=[boot])
     tag = uuid.uuid4().hex[:8]
     p = Pipeline(conn, f"fair-in-{tag}", f"fair-out-{tag}", f"fair-dlq-{tag}", f"fair-g-{tag}")
     ensure_topics(conn, {p.input: 2, p.output: 1, p.dead: 1})
-    _flood(p, flood)
+    p.flood(flood)
     intake.FAIR_TURN_BATCHES = 1 if fair else NEVER
     settings = p.settings(
         batching={"max_records": MAX_RECORDS, "max_wait_ms": 20, "max_in_flight": IN_FLIGHT},

@@ -16,21 +16,23 @@ from workers.kafka_settings import KafkaConnection
 def pipeline(
     kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
 ) -> Iterator[Pipeline]:
-    from workers.kafka_admin import ensure_topics
-
-    p = Pipeline(
-        kafka_connection,
-        input=unique_name("in"),
-        output=unique_name("out"),
-        dead=unique_name("dlq"),
-        group=unique_name("g"),
-    )
-    ensure_topics(kafka_connection, {p.input: INPUT_PARTITIONS, p.output: 3, p.dead: 1})
+    p = Pipeline.create(kafka_connection, unique_name, INPUT_PARTITIONS)
     try:
         yield p
     finally:
-        for r in p.readers:
-            r.close()
+        p.close()
+
+
+@pytest.fixture
+def one_partition(
+    kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
+) -> Iterator[Pipeline]:
+    """A pipeline whose topics have one partition each: the records' order is the test's."""
+    p = Pipeline.create(kafka_connection, unique_name, 1, 1)
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ group's offset reaches the end, and the worker never stops: no operator, no `ski
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 
 import pytest
 from support.bombs import Send, byte_bomb, json_bomb, produce
@@ -21,7 +20,6 @@ from waiting import wait_for
 from worker_helpers import Pipeline, WorkerThread, request_bytes
 
 from schemas import DeadLetter, ErrorCode
-from workers.kafka_admin import ensure_topics
 from workers.kafka_settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -29,25 +27,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 BOUND = 4 << 20  # consumer.max_batch_bytes for these tests
 BOMB = 16 << 20  # four times the bound
 SESSION = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
-
-
-@pytest.fixture
-def one_partition(
-    kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
-) -> Iterator[Pipeline]:
-    p = Pipeline(
-        kafka_connection,
-        input=unique_name("in"),
-        output=unique_name("out"),
-        dead=unique_name("dlq"),
-        group=unique_name("g"),
-    )
-    ensure_topics(kafka_connection, {p.input: 1, p.output: 1, p.dead: 1})
-    try:
-        yield p
-    finally:
-        for r in p.readers:
-            r.close()
 
 
 def _good(i: int) -> Send:

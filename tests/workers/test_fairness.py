@@ -28,31 +28,11 @@ MAX_RECORDS = 64
 IN_FLIGHT = 2
 
 
-def _flood(p: Pipeline, n: int) -> None:
-    """`n` one-byte records (each a dead letter) on partition 0, in large zstd batches as a
-    librdkafka producer makes them."""
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(
-        **p.conn.client_kwargs(client_id="dgstream-tests-flood"),
-        acks="all",
-        linger_ms=50,
-        batch_size=1 << 20,
-        compression_type="zstd",
-    )
-    try:
-        for _ in range(n):
-            producer.send(p.input, value=b"x", partition=0)
-        producer.flush(timeout=120)
-    finally:
-        producer.close(timeout=10)
-
-
 def test_a_flood_on_one_partition_does_not_hold_back_another(
     pipeline: Pipeline, worker_threads: list[WorkerThread]
 ) -> None:
     p = pipeline
-    _flood(p, FLOOD)
+    p.flood(FLOOD)
     settings = p.settings(
         batching={"max_records": MAX_RECORDS, "max_wait_ms": 20, "max_in_flight": IN_FLIGHT}
     )

@@ -77,16 +77,8 @@ def test_a_member_joins_or_leaves_while_every_slot_is_taken(
     delivery: str,
     change: str,
 ) -> None:
-    from workers.kafka_admin import ensure_topics
 
-    p = Pipeline(
-        kafka_connection,
-        input=unique_name("in"),
-        output=unique_name("out"),
-        dead=unique_name("dlq"),
-        group=unique_name("g"),
-    )
-    ensure_topics(kafka_connection, {p.input: PARTITIONS, p.output: 3, p.dead: 1})
+    p = Pipeline.create(kafka_connection, unique_name, PARTITIONS)
     ids = p.produce_requests(REQUESTS)
 
     first = _worker(p, delivery, 0)
@@ -192,17 +184,9 @@ def test_a_drain_that_starts_during_a_rebalance_finishes_it_and_commits(
     flight are committed, and the worker leaves. Before the fix the drain polled nothing:
     the join finished unseen, every commit was refused as RebalanceInProgressError, and
     the drain timed out and abandoned its batches (read and answered again later)."""
-    from workers.kafka_admin import ensure_topics
     from workers.kafka_quirks import rejoin_pending
 
-    p = Pipeline(
-        kafka_connection,
-        input=unique_name("in"),
-        output=unique_name("out"),
-        dead=unique_name("dlq"),
-        group=unique_name("g"),
-    )
-    ensure_topics(kafka_connection, {p.input: PARTITIONS, p.output: 3, p.dead: 1})
+    p = Pipeline.create(kafka_connection, unique_name, PARTITIONS)
     p.produce_requests(REQUESTS)
     settings = p.settings(
         delivery=delivery,

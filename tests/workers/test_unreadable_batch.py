@@ -8,7 +8,6 @@ the next worker answers what follows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,32 +16,11 @@ from waiting import wait_for
 from worker_helpers import Pipeline, WorkerThread, request_bytes
 
 from infra.kafka.broker import BrokerInfo
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
 from workers.poll_errors import UnreadableBatch
 
 pytestmark = pytest.mark.broker
 
 BEFORE, INSIDE, AFTER = 3, 4, 3  # requests before the bad batch, in it, after it
-
-
-@pytest.fixture
-def one_partition(
-    kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
-) -> Iterator[Pipeline]:
-    p = Pipeline(
-        kafka_connection,
-        input=unique_name("in"),
-        output=unique_name("out"),
-        dead=unique_name("dlq"),
-        group=unique_name("g"),
-    )
-    ensure_topics(kafka_connection, {p.input: 1, p.output: 1, p.dead: 1})
-    try:
-        yield p
-    finally:
-        for r in p.readers:
-            r.close()
 
 
 def _send(p: Pipeline, ids: list[str], *, one_batch: bool, codec: str | None = None) -> None:

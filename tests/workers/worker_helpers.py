@@ -144,6 +144,31 @@ class Pipeline:
     group: str
     readers: list[OutputReader] = field(default_factory=list)
 
+    @classmethod
+    def create(
+        cls,
+        conn: KafkaConnection,
+        unique_name: Callable[[str], str],
+        partitions: int = INPUT_PARTITIONS,
+        output_partitions: int = 3,
+    ) -> Pipeline:
+        """A pipeline of new topics (the input of `partitions`) and a new group."""
+        from workers.kafka_admin import ensure_topics
+
+        p = cls(
+            conn,
+            input=unique_name("in"),
+            output=unique_name("out"),
+            dead=unique_name("dlq"),
+            group=unique_name("g"),
+        )
+        ensure_topics(conn, {p.input: partitions, p.output: output_partitions, p.dead: 1})
+        return p
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
     def settings(self, **overrides: Any) -> Any:
         from workers.engine.factory import EngineSettings
         from workers.settings import WorkerSettings
@@ -193,6 +218,25 @@ class Pipeline:
             ]
             producer.flush(timeout=60)
             return [f.get(timeout=60) for f in futures]
+        finally:
+            producer.close(timeout=10)
+
+    def flood(self, n: int, partition: int = 0) -> None:
+        """`n` one-byte records (each a dead letter) on `partition`, in large zstd batches
+        as a librdkafka producer makes them."""
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(
+            **self.conn.client_kwargs(client_id="dgstream-tests-flood"),
+            acks="all",
+            linger_ms=50,
+            batch_size=1 << 20,
+            compression_type="zstd",
+        )
+        try:
+            for _ in range(n):
+                producer.send(self.input, value=b"x", partition=partition)
+            producer.flush(timeout=300)
         finally:
             producer.close(timeout=10)
 
