@@ -126,8 +126,20 @@ def keep_finished_joins() -> None:
     would take it (the member becomes STABLE, heartbeats resume, the assignment and the
     rebalance listener run); anything else (no task, one still running, one that failed,
     a member whose generation was reset meanwhile) goes to kafka-python as before.
+
+    And a poll must get there at all: kafka-python joins only while `need_rejoin()` holds,
+    and a rejoin that the metadata asked for (the leader's assignment snapshot behind the
+    topic's partitions) stops being needed once the leader has made the new assignment,
+    inside the join task, before the member has taken it. The member then stayed
+    REBALANCING with its heartbeat off until its session expired, committing nothing,
+    for good (seen on 2026-12-07 under load: 3 in 4 runs of a test with four copies at
+    once). The same holds when a join attempt fails with a retriable error after the
+    leader's assignment. So `need_rejoin` says True while the member is REBALANCING:
+    kafka-python then takes the join in hand, or starts one.
     Process-wide and idempotent; a kafka-python without this private state is left alone."""
     from kafka.coordinator.base import BaseCoordinator
+
+    _keep_joins_needed()
 
     original = getattr(BaseCoordinator, "join_group_async", None)
     if original is None or getattr(original, "_dgstream_keeps_joins", False):
@@ -147,6 +159,29 @@ def keep_finished_joins() -> None:
 
 
 _PATCH_LOCK = threading.Lock()
+
+
+def _keep_joins_needed() -> None:
+    """`keep_finished_joins`' second half: ConsumerCoordinator.need_rejoin is True while
+    the member is REBALANCING (a join running, finished and not taken yet, or given up),
+    whatever else it says."""
+    from kafka.coordinator.consumer import ConsumerCoordinator
+
+    original = getattr(ConsumerCoordinator, "need_rejoin", None)
+    if original is None or getattr(original, "_dgstream_keeps_joins", False):
+        return
+    with _PATCH_LOCK:
+        if getattr(ConsumerCoordinator.need_rejoin, "_dgstream_keeps_joins", False):
+            return
+
+        @functools.wraps(original)
+        def need_rejoin(self: Any) -> bool:
+            if getattr(self, "state", None) is _REBALANCING:
+                return True
+            return bool(original(self))
+
+        need_rejoin._dgstream_keeps_joins = True  # type: ignore[attr-defined]
+        ConsumerCoordinator.need_rejoin = need_rejoin
 
 
 async def take_finished_join(coordinator: Any) -> bool:

@@ -243,6 +243,20 @@ def test_finished_joins_are_kept_once_and_only_while_rebalancing() -> None:
         assert left.state is state and left._join_task is task and left.rejoin_needed
 
 
+def test_a_rebalancing_member_always_needs_its_join() -> None:
+    """kafka-python joins only while need_rejoin() holds; a rejoin the metadata asked for
+    stops being needed once the leader made the new assignment, before the member took
+    it. While the member is REBALANCING, need_rejoin() must stay True (else it stays
+    there, heartbeat off, for good); otherwise kafka-python's own answer stands."""
+    from kafka.coordinator.consumer import ConsumerCoordinator
+
+    keep_finished_joins()
+    not_auto = SimpleNamespace(partitions_auto_assigned=lambda: False)
+    for state, expected in ((MemberState.REBALANCING, True), (MemberState.STABLE, False)):
+        member = SimpleNamespace(state=state, _subscription=not_auto)
+        assert ConsumerCoordinator.need_rejoin(member) is expected, state
+
+
 def _fetcher_with(**state: Any) -> SimpleNamespace:
     from kafka.consumer.subscription_state import SubscriptionState
 
