@@ -14,6 +14,8 @@ import subprocess
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from worker_helpers import Pipeline, WorkerThread, request_bytes
 
 from schemas import DeadLetter, ErrorCode, RequestError
@@ -63,6 +65,27 @@ def test_a_dead_letter_keeps_a_bad_keys_bytes_beside_its_text() -> None:
     (key, value), (plain_key, _) = letter.original_headers()
     assert isinstance(key, HeaderKey) and key.encode() == b"bad\xff" and value == b"1"
     assert plain_key == "plain" and not isinstance(plain_key, HeaderKey)
+
+
+def _as_read(raw: bytes) -> str:
+    """A header key as the worker's reader gives it: text when UTF-8, else a HeaderKey."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return HeaderKey(raw)
+
+
+@pytest.mark.unit
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), st.one_of(st.none(), st.binary(max_size=40)))))
+def test_any_header_keys_bytes_survive_a_dead_letter(headers: list[tuple[bytes, Any]]) -> None:
+    """Whatever a producer wrote as header keys and values, the JSON dead letter gives back
+    the same bytes, in order."""
+    error = RequestError(code=ErrorCode.INVALID_JSON, message="value: not JSON")
+    read = [(_as_read(k), v) for k, v in headers]
+    letter = DeadLetter.build(error, b"x", "in", 0, 1, None, None, "w", headers=read)
+    back = DeadLetter.model_validate_json(letter.model_dump_json()).original_headers()
+    assert [(k.encode("utf-8"), v) for k, v in back] == headers
 
 
 @pytest.mark.unit
