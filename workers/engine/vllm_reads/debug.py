@@ -9,7 +9,9 @@ Everything here is inert unless its environment variable is set in the engine's 
   or hold a NaN; the flags come back to the host without a sync (a copy and an event,
   polled on later steps) and a step with any flagged row is logged with its shape (which
   requests, how many rows, fused one-step reads, prompts finishing). It tells a value the
-  GPU computed wrong from one the host read wrong.
+  GPU computed wrong from one the host read wrong. Each forward's output (every token of
+  the step, not only the read rows) is checked too, and a step with a non-finite token is
+  logged with the token ranges and the requests (by their place in the step) they fall in.
 - `DGSTREAM_READS_DEBUG_DIR=DIR`: switches read per step from files in DIR, so one engine
   can run phases: `DIR/sync` present (or `DGSTREAM_READS_SYNC=1`, for a whole run) -> the
   engine core waits for the GPU (every stream) before it prepares each step, so the host
@@ -147,14 +149,74 @@ def describe(flags: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def token_ranges(bad: np.ndarray, starts: np.ndarray | None, limit: int = 8) -> dict[str, Any]:
+    """Where a forward's non-finite tokens are: [start, end) ranges of token indices, and
+    which requests of the step (by place, from its query start offsets) hold them. Pure
+    numpy."""
+    idx = np.flatnonzero(bad)
+    ranges: list[tuple[int, int]] = []
+    for i in idx.tolist():
+        if ranges and ranges[-1][1] == i:
+            ranges[-1] = (ranges[-1][0], i + 1)
+        else:
+            ranges.append((i, i + 1))
+    out: dict[str, Any] = {
+        "num_tokens": len(bad),
+        "bad_tokens": len(idx),
+        "ranges": ranges[:limit],
+        "more_ranges": max(0, len(ranges) - limit),
+    }
+    if starts is not None and len(starts) > 1:
+        real = int(starts[-1])
+        where = np.searchsorted(starts, idx[idx < real], side="right") - 1
+        reqs = sorted({int(r) for r in where})[:limit]
+        out["requests"] = reqs
+        out["request_spans"] = [(int(starts[r]), int(starts[r + 1])) for r in reqs]
+        out["num_reqs"] = len(starts) - 1
+        out["padding_tokens_bad"] = int((idx >= real).sum())
+    return out
+
+
 class StepWatch:
     """The per-step check behind DGSTREAM_READS_WATCH (see the module docstring)."""
 
     def __init__(self) -> None:
         self.pending: deque[tuple[Any, Any, dict[str, Any]]] = deque()
+        self.token_pending: deque[tuple[Any, Any, np.ndarray | None, int]] = deque()
         self.steps = 0
         self.bad_steps = 0
         self.bad_rows = 0
+        self.forwards = 0
+        self.bad_forwards = 0
+        # The step's query start offsets, set when its inputs are prepared.
+        self.starts: np.ndarray | None = None
+
+    def tokens(self, hidden: Any) -> None:
+        """A forward's output, every token: flag the non-finite ones (no host sync)."""
+        import torch
+
+        if hidden.dim() != 2:
+            return
+        flags = (~torch.isfinite(hidden)).any(dim=1)
+        host = flags.to("cpu", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.token_pending.append((event, host, self.starts, self.forwards))
+        self.forwards += 1
+        self.starts = None
+        self.poll_tokens()
+
+    def poll_tokens(self) -> None:
+        while self.token_pending and self.token_pending[0][0].query():
+            _, host, starts, n = self.token_pending.popleft()
+            bad = host.numpy()
+            if not bad.any():
+                continue
+            self.bad_forwards += 1
+            if self.bad_forwards <= DETAIL_LIMIT or self.bad_forwards % 100 == 0:
+                info = token_ranges(bad, starts)
+                info["forward"] = n
+                logger.warning("dgstream watch: non-finite tokens %s", info)
 
     def record(self, rows: Any, logprobs: Any, plan: Any, batch: Any, fused: Any) -> None:
         import torch
@@ -179,10 +241,13 @@ class StepWatch:
         self.poll()
         if self.steps % SUMMARY_EVERY == 0:
             logger.warning(
-                "dgstream watch: %d read steps, %d with a non-finite row (%d rows)",
+                "dgstream watch: %d read steps, %d with a non-finite row (%d rows); "
+                "%d forwards, %d with a non-finite token",
                 self.steps,
                 self.bad_steps,
                 self.bad_rows,
+                self.forwards,
+                self.bad_forwards,
             )
 
     def poll(self) -> None:
@@ -199,12 +264,15 @@ class StepWatch:
 
 
 _watch: StepWatch | None = None
+_watch_off = False
 
 
 def watch() -> StepWatch | None:
     """The process's watch when DGSTREAM_READS_WATCH is set, else None."""
-    global _watch
-    if _watch is None and os.environ.get(WATCH_ENV):
+    global _watch, _watch_off
+    if _watch is None and not _watch_off and not os.environ.get(WATCH_ENV):
+        _watch_off = True  # read once: this is called every forward
+    if _watch is None and not _watch_off:
         _watch = StepWatch()
         try:
             logger.warning("dgstream watch on: %s", device_report())
@@ -223,5 +291,6 @@ __all__ = [
     "flag",
     "install",
     "row_flags",
+    "token_ranges",
     "watch",
 ]

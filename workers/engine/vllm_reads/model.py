@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from vllm.model_executor.models import diffusion_gemma as dg
 
+from workers.engine.vllm_reads import debug
 from workers.engine.vllm_reads.admission import Admissions
 from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import ReadPathOptions
@@ -58,6 +59,16 @@ class DgDiffusionGemma(dg.DiffusionGemmaForConditionalGeneration):
     @staticmethod
     def get_model_state_cls() -> type[DgModelState]:
         return DgModelState
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward(*args, **kwargs)
+        watch = debug.watch()
+        # The diagnostics' per-token check (off unless asked); never inside a graph capture,
+        # whose replay would not run it.
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if watch is not None and isinstance(out, torch.Tensor) and not capturing:
+            watch.tokens(out)
+        return out
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if self.defer_next:
@@ -167,6 +178,10 @@ class DgModelState(dg.DiffusionGemmaModelState):
             n = input_batch.num_reqs
             self._logit_rows = np.diff(input_batch.cu_num_logits_np[: n + 1]).astype(np.int64)
         out = super().prepare_inputs(input_batch, req_states)
+        watch = debug.watch()
+        if watch is not None:
+            n = input_batch.num_reqs
+            watch.starts = np.array(input_batch.query_start_loc_np[: n + 1], dtype=np.int64)
         if self.read_path:
             self.model.defer_next = self._reads_only(input_batch)
         return out
