@@ -19,7 +19,7 @@
 #                                                 # one engine start each; /root keeps the first)
 #   bash bench/gpu/vllm_session.sh mps-on|mps-off # the MPS control daemon (compute-limited cards)
 #   bash bench/gpu/vllm_session.sh calibrate      # which SM share gives each card profile's rate
-#   bash bench/gpu/vllm_session.sh followup       # the round after `engines a c ref` (followup.py)
+#   bash bench/gpu/vllm_session.sh followup       # the bisection's second round (next_round.py)
 #   bash bench/gpu/vllm_session.sh engines SPEC.. # reads_soak.py engines side by side on the GPU,
 #                                                 # each its own 23.6 GiB card and SM share:
 #                                                 # SPEC = NAME:PCT[:VAR=VAL[,VAR=VAL]]:SOAK_ARGS
@@ -149,7 +149,8 @@ case "${1:-}" in
     work=/root/engines${ROUND:-}; rm -rf "$work"; mkdir -p "$work"
     # Logs and JSON go home as they grow (a device call cut short still brings them).
     dest=$out/engines${ROUND:-}; mkdir -p "$dest"
-    keep() { cp -f "$work"/soak_* "$work"/slow_gpu_* "$dest"/ 2>/dev/null; }
+    # (Logs as they grow; the JSON in one archive at the end: $OUT brings back 8 files.)
+    keep() { cp -f "$work"/soak_*.log "$dest"/ 2>/dev/null; }
     ( while sleep 15; do keep; done ) &
     copier=$!
     pids=()
@@ -189,12 +190,13 @@ case "${1:-}" in
     wait "${pids[@]}"
     kill "$copier" 2>/dev/null
     keep
+    tar czf "$dest/json.tgz" -C "$work" $(cd "$work" && ls ./*.json 2>/dev/null) 2>/dev/null || true
     for spec in "$@"; do grep -h "^# \|dgstream watch\|passed\|failed\|Error" "$work/soak_${spec%%:*}.log" | tail -n 12; done
     ;;
   followup)
-    # The round after `engines` a c ref (the diagnosis): its outcome picks the next engines
-    # (bench/gpu/followup.py says which and why), so the round runs with no pause between.
-    specs=$(python3 bench/gpu/followup.py /root/engines) || exit 1
+    # The round after the first `engines` round of the bisection: its outcome picks the
+    # next engines (bench/gpu/next_round.py says which and why), with no pause between.
+    specs=$(python3 bench/gpu/next_round.py /root/engines) || exit 1
     echo "followup: $specs"
     eval "set -- $specs"
     ROUND=2 bash "$0" engines "$@"

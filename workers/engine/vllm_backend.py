@@ -426,6 +426,9 @@ def resolve_read_path(settings: VllmSettings) -> tuple[str, str]:
 # every process of a run; see bench/gpu/card/), else what NVML reports for the first
 # visible GPU. Only the stock path's reserve needs it.
 CARD_ENV = "DGSTREAM_CARD_GIB"
+# Diagnostics (never set in service): Inductor options for vLLM's compilation config, as
+# `name=value[+name=value]` with JSON values, e.g. `split_reductions=false`.
+DEBUG_INDUCTOR_ENV = "DGSTREAM_DEBUG_INDUCTOR"
 
 
 def card_bytes() -> int | None:
@@ -562,6 +565,10 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         args["async_scheduling"] = settings.async_scheduling
     if settings.cudagraph_mode is not None:
         args["compilation_config"] = {"cudagraph_mode": settings.cudagraph_mode}
+    inductor = debug_inductor_options(os.environ.get(DEBUG_INDUCTOR_ENV, ""))
+    if inductor:
+        # The compute-limited card's bisection; vLLM adds its own defaults beside these.
+        args.setdefault("compilation_config", {})["inductor_compile_config"] = inductor
     for kernel in ("moe_backend", "linear_backend"):
         if getattr(settings, kernel) is not None:
             args[kernel] = getattr(settings, kernel)
@@ -572,6 +579,17 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
             "torch_profiler_with_stack": False,
         }
     return args
+
+
+def debug_inductor_options(text: str) -> dict[str, Any]:
+    """`split_reductions=false+combo_kernels=false` -> {"split_reductions": False, ...}."""
+    out: dict[str, Any] = {}
+    for part in filter(None, text.split("+")):
+        name, sep, value = part.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{DEBUG_INDUCTOR_ENV}: want name=value, got {part!r}")
+        out[name] = json.loads(value)
+    return out
 
 
 def serve_command(

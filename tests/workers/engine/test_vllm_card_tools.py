@@ -1,5 +1,5 @@
 """The compute-limited card's tools on the CPU (docs/vllm.md, a slower GPU): the card
-profiles and their SM share, the soak's workload and comparison, the follow-up round's pick,
+profiles and their SM share, the soak's workload and comparison, the bisection's second round,
 the read path's step
 watch. The GPU runs use them as checked here."""
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu" / "card"))
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 
 import card_profiles as cp  # noqa: E402
-import followup  # noqa: E402
+import next_round  # noqa: E402
 import soak_compare  # noqa: E402
 from support.vllm_soak import SIZES, parse_phases, workload  # noqa: E402
 
@@ -99,31 +99,73 @@ def test_the_comparison_sees_a_swapped_read_and_measures_the_noise() -> None:
     assert soak_compare.separation(_soak(ref), sample=10)["p50"] > 0.01
 
 
-def _round(phases: list[tuple[str, int]], sms: str = "132") -> dict[str, Any]:
-    return {
-        "phases": [{"phase": p, "failed_batches": n} for p, n in phases],
-        "info": {"humming_sms": sms},
-    }
+def _run(failed: int) -> dict[str, Any]:
+    return {"phases": [{"phase": "plain", "failed_batches": failed}]}
 
 
 @pytest.mark.parametrize(
-    ("a", "c", "case"),
+    ("ctl", "eager", "emu", "case", "first"),
     [
-        ([("plain", 2), ("sync", 0), ("plain2", 1)], [("all", 0)], "H"),
-        ([("plain", 2), ("sync", 0), ("plain2", 1)], [("all", 3)], "S"),
-        ([("plain", 0), ("sync", 0), ("plain2", 0)], [("all", 0)], "N"),
-        ([("plain", 2), ("sync", 1), ("plain2", 1)], [("all", 3)], "X"),
+        (0, 0, 0, "not reproduced", "p10"),
+        (3, 0, 2, "compile or graphs", "nocg"),
+        (3, 2, 0, "Humming", "emumoe"),
+        (3, 2, 2, "none of them", "fa"),
     ],
 )
-def test_the_follow_up_round_follows_the_diagnosis(
-    a: list[tuple[str, int]], c: list[tuple[str, int]], case: str
+def test_the_second_round_follows_the_first(
+    ctl: int, eager: int, emu: int, case: str, first: str
 ) -> None:
-    got, specs = followup.pick(_round(a), _round(c), 80.0)
+    runs = {"ctl": _run(ctl), "eager": _run(eager), "emu": _run(emu)}
+    got, specs = next_round.pick(runs, 3)
     assert got.startswith(case)
     assert 1 <= len(specs) <= 3  # three cards fit an H100's 80 GB
-    assert all(len(s.split(":", 3)) == 4 for s in specs)  # NAME:PCT:VARS:ARGS
-    if case == "H":
-        assert "DGSTREAM_DEBUG_HUMMING_SMS=132" in specs[0]
+    parts = [s.split(":", 3) for s in specs]
+    assert all(len(p) == 4 for p in parts)  # NAME:PCT:VARS:ARGS
+    assert parts[0][0] == first
+    # Every engine of the round starts from round one's kernel caches.
+    assert all("CACHE_FROM=ctl" in p[2].split(",") for p in parts)
+    # The engine variables travel comma-separated and the spec colon-separated.
+    assert all(":" not in p[2] for p in parts)
+
+
+def test_a_run_that_never_served_is_not_a_pass() -> None:
+    got, _ = next_round.pick({"ctl": None, "eager": _run(0), "emu": None}, 3)
+    assert got.startswith("compile or graphs")
+    got, _ = next_round.pick({"ctl": _run(1), "eager": None, "emu": None}, 3)
+    assert got.startswith("none of them")
+
+
+def test_inductor_options_for_the_bisection() -> None:
+    from workers.engine.vllm_backend import debug_inductor_options
+
+    assert debug_inductor_options("") == {}
+    assert debug_inductor_options("split_reductions=false+combo_kernels=false") == {
+        "split_reductions": False,
+        "combo_kernels": False,
+    }
+    with pytest.raises(ValueError, match="name=value"):
+        debug_inductor_options("split_reductions")
+
+
+def test_the_token_watch_names_ranges_and_requests() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from workers.engine.vllm_reads import debug
+
+    bad = np.zeros(20, dtype=bool)
+    bad[5:9] = True
+    bad[15] = True
+    bad[19] = True  # past the last request: padding
+    info = debug.token_ranges(bad, np.array([0, 4, 8, 12, 16, 18]))
+    assert info["ranges"] == [(5, 9), (15, 16), (19, 20)]
+    assert info["bad_tokens"] == 6
+    assert info["requests"] == [1, 2, 3]
+    assert info["request_spans"] == [(4, 8), (8, 12), (12, 16)]
+    assert info["padding_tokens_bad"] == 1
+    assert debug.token_ranges(bad, None)["num_tokens"] == 20
+    many = np.zeros(40, dtype=bool)
+    many[::2] = True
+    assert debug.token_ranges(many, None, limit=3)["more_ranges"] == 17
 
 
 def test_the_step_watch_names_the_bad_rows_requests() -> None:
