@@ -27,7 +27,6 @@ import random
 import re
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -43,7 +42,7 @@ use_test_support()
 # The rows' harness and their section live with the tests that check them (bench imports
 # tests/support, never the other way round).
 from support.card_rows import measure, probe, scheduling_name  # noqa: E402
-from support.full_size import full_size_dir  # noqa: E402
+from support.full_size import full_size_dir, stable_root  # noqa: E402
 
 # Every label id `bench.engine_gpu.make_reads` puts on a canvas.
 SHARED_LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)
@@ -185,7 +184,7 @@ async def profile(engine: Any, args: argparse.Namespace, vocab: int) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from workers.engine.vllm_backend import VllmEngine, VllmSettings
 
-    root = Path(tempfile.mkdtemp(prefix="dg-vllm-"))
+    root = stable_root()  # one path on every start: the compile cache hits
     model = full_size_dir(args.quant, root)
     peak = PeakMemory()
     total_gib = peak.total / 2**30

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -75,10 +74,10 @@ async def run_batches(
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from bench.engine_vllm import SHARED_LABELS, full_size_dir
+    from bench.engine_vllm import SHARED_LABELS, full_size_dir, stable_root
     from workers.engine.vllm_backend import VllmEngine, VllmSettings
 
-    root = Path(tempfile.mkdtemp(prefix="dg-soak-"))
+    root = stable_root()  # one path on every start: the compile cache hits
     settings = VllmSettings(
         model=str(full_size_dir("nvfp4", root)),
         load_format="dummy",

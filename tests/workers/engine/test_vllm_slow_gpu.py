@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,11 +51,11 @@ LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)
 
 
 async def _run() -> dict[str, Any]:
-    from support.full_size import full_size_dir
+    from support.full_size import full_size_dir, stable_root
 
     os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(PCT)  # the engine core inherits it
     settings = VllmSettings(
-        model=str(full_size_dir("nvfp4", Path(tempfile.mkdtemp(prefix="dg-slow-")))),
+        model=str(full_size_dir("nvfp4", stable_root())),
         load_format="dummy",
         skip_tokenizer_init=True,
     )
