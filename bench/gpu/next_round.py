@@ -4,13 +4,15 @@ Round one (`vllm_session.sh engines`, at 15% of the SMs, the step watch on) runs
 reads on engines that differ in one thing each: `ctl` the product's defaults, `eager` no
 torch.compile and no CUDA graphs, `emu` vLLM's emulated NVFP4 kernels in place of Humming's
 (dequantised to bf16), and on a GPU with room for five, `nocg` compiled without graphs and
-`full` the defaults at the whole GPU. This prints the second round's engine specs (shell
-words) and, on stderr, what round one showed:
+`nocombo` compiled without Inductor's combo kernels (horizontal fusion, whose variants
+Inductor picks by timing them on the GPU at hand). This prints the second round's engine
+specs (shell words) and, on stderr, what round one showed:
 
 - `ctl` passed: the failure did not reproduce; push harder (10% of the SMs, four in flight).
-- `eager` passed, `ctl` failed: torch.compile or the graphs. Round two splits them (`nocg`),
-  and tries Inductor's SM-count-dependent choices one at a time: split reductions and combo
-  kernels (`DGSTREAM_DEBUG_INDUCTOR`).
+- `nocombo` passed, `ctl` failed: the fix candidate, soaked at 15%, 25% and the whole GPU.
+- `eager` passed: torch.compile or the graphs (`nocg` says which); round two tries
+  Inductor's choices that depend on the GPU one at a time (`DGSTREAM_DEBUG_INDUCTOR`), or
+  the graph modes.
 - `emu` passed, `eager` failed: Humming's NVFP4 kernels. Round two splits the MoE experts
   from the dense layers.
 - all failed: neither; round two tries another attention backend and the stock read path's
@@ -52,9 +54,13 @@ def spec(name: str, pct: int, knobs: dict[str, Any], env: str = "", args: str = 
     return f"{name}:{pct}:{env}:{args} --settings {settings}"
 
 
+SOAK = "--budget-s 420"
+
+
 def pick(runs: dict[str, dict[str, Any] | None], room: int) -> tuple[str, list[str]]:
     f = {name: failed(run) for name, run in runs.items()}
     why = ", ".join(f"{k} {v}" for k, v in f.items())
+    nocombo = "DGSTREAM_DEBUG_INDUCTOR=combo_kernels=false"
     if f.get("ctl") == 0:
         specs = [
             spec("p10", 10, {}),
@@ -62,17 +68,38 @@ def pick(runs: dict[str, dict[str, Any] | None], room: int) -> tuple[str, list[s
             spec("p25", 25, {}),
         ]
         return f"not reproduced ({why})", specs[:room]
-    if f.get("eager") == 0:
-        nosplit = "DGSTREAM_DEBUG_INDUCTOR=split_reductions=false"
-        nocombo = "DGSTREAM_DEBUG_INDUCTOR=combo_kernels=false"
+    if f.get("nocombo") == 0:
+        # The fix candidate, soaked: every batch size, unique and shared, two in flight,
+        # at 15% and 25% and (the reference for the read-by-read comparison) the whole GPU.
         specs = [
-            spec("nocg", 15, {"cudagraph_mode": "NONE"}),
-            spec("nosplit", 15, {}, env=nosplit),
-            spec("nocombo", 15, {}, env=nocombo),
-            spec("piece", 15, {"cudagraph_mode": "PIECEWISE", "full_graph_tokens": 0}),
-            spec("eager25", 25, {"enforce_eager": True}),
+            spec("fix15", 15, {}, env=nocombo, args=SOAK),
+            spec("fix25", 25, {}, env=nocombo, args=SOAK),
+            spec("ref", 100, {}, env=nocombo, args=SOAK),
+            spec("ctl25", 25, {}),
         ]
-        return f"compile or graphs ({why})", specs[:room]
+        return f"Inductor's combo kernels ({why})", specs[:room]
+    if f.get("eager") == 0:
+        specs = [
+            spec("nosplit", 15, {}, env="DGSTREAM_DEBUG_INDUCTOR=split_reductions=false"),
+            spec("nobench", 15, {}, env="DGSTREAM_DEBUG_INDUCTOR=benchmark_combo_kernel=false"),
+            spec(
+                "nopersist",
+                15,
+                {},
+                env="DGSTREAM_DEBUG_INDUCTOR=triton.persistent_reductions=false",
+            ),
+            spec("piece", 15, {"cudagraph_mode": "PIECEWISE", "full_graph_tokens": 0}),
+            spec("eager25", 25, {"enforce_eager": True}, args=SOAK),
+        ]
+        if f.get("nocg") == 0:
+            specs = [
+                spec("piece", 15, {"cudagraph_mode": "PIECEWISE", "full_graph_tokens": 0}),
+                spec("fullonly", 15, {"cudagraph_mode": "FULL"}),
+                spec("nocg25", 25, {"cudagraph_mode": "NONE"}, args=SOAK),
+                spec("nocgref", 100, {"cudagraph_mode": "NONE"}, args=SOAK),
+            ]
+            return f"CUDA graphs ({why})", specs[:room]
+        return f"torch.compile ({why})", specs[:room]
     if f.get("emu") == 0:
         specs = [
             spec("emumoe", 15, {"moe_backend": "emulation"}),
@@ -114,7 +141,7 @@ def room() -> int:
 
 def main() -> int:
     folder = Path(sys.argv[1])
-    names = ("ctl", "eager", "emu", "nocg", "full")
+    names = ("ctl", "eager", "emu", "nocg", "nocombo")
     runs = {
         n: _load(folder / f"soak_{n}.json") for n in names if (folder / f"soak_{n}.log").exists()
     }

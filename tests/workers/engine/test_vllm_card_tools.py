@@ -107,7 +107,7 @@ def _run(failed: int) -> dict[str, Any]:
     ("ctl", "eager", "emu", "case", "first"),
     [
         (0, 0, 0, "not reproduced", "p10"),
-        (3, 0, 2, "compile or graphs", "nocg"),
+        (3, 0, 2, "torch.compile", "nosplit"),
         (3, 2, 0, "Humming", "emumoe"),
         (3, 2, 2, "none of them", "fa"),
     ],
@@ -128,9 +128,20 @@ def test_the_second_round_follows_the_first(
     assert all(":" not in p[2] for p in parts)
 
 
+def test_the_fix_candidate_is_soaked_beside_a_reference_at_full_speed() -> None:
+    runs = {"ctl": _run(5), "eager": _run(0), "emu": _run(4), "nocg": _run(3), "nocombo": _run(0)}
+    got, specs = next_round.pick(runs, 5)
+    assert got.startswith("Inductor's combo kernels")
+    parts = [s.split(":", 3) for s in specs]
+    assert [p[1] for p in parts[:3]] == ["15", "25", "100"]
+    assert all("combo_kernels=false" in p[2] for p in parts[:3])
+    got, specs = next_round.pick({**runs, "nocombo": _run(2), "nocg": _run(0)}, 5)
+    assert got.startswith("CUDA graphs")
+
+
 def test_a_run_that_never_served_is_not_a_pass() -> None:
     got, _ = next_round.pick({"ctl": None, "eager": _run(0), "emu": None}, 3)
-    assert got.startswith("compile or graphs")
+    assert got.startswith("torch.compile")
     got, _ = next_round.pick({"ctl": _run(1), "eager": None, "emu": None}, 3)
     assert got.startswith("none of them")
 
