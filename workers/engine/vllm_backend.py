@@ -199,6 +199,14 @@ class VllmSettings(BaseModel):
     moe_backend: str | None = None
     # The linear layers' kernels (`--linear-backend`), as `moe_backend` is the experts'.
     linear_backend: str | None = None
+    # An absolute directory where the engine keeps what its first start builds, so that a
+    # restart reuses it: vLLM's torch.compile and AOT artifacts (VLLM_CACHE_ROOT), Inductor's
+    # and Triton's kernels, and Humming's JIT kernels (NVFP4 on Hopper). A first start on a
+    # machine spent 53 s in torch.compile and 94 s in a profiling run that built kernels
+    # (2026-12-07, an H100, docs/vllm.md "A start that does not cost minutes"). None: each
+    # library's default under $HOME/.cache, which a container loses when it restarts (on
+    # KubeRay, mount a volume here). Variables the operator set already are kept.
+    cache_dir: str | None = None
     # An absolute directory: turns on vLLM's torch profiler (`AsyncLLM.start_profile` then
     # writes traces there). For profiling runs only.
     profiler_dir: str | None = None
@@ -225,6 +233,12 @@ class VllmSettings(BaseModel):
     # answers as in two steps. true: fuses under a backlog too (at batch 256 on one question set,
     # 0.86-0.96x two steps). false: vLLM's two steps always.
     one_step_reads: bool | Literal["auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _cache_dir_is_absolute(self) -> VllmSettings:
+        if self.cache_dir is not None and not Path(self.cache_dir).is_absolute():
+            raise ValueError(f"cache_dir must be an absolute path, got {self.cache_dir!r}")
+        return self
 
     @model_validator(mode="after")
     def _seqs_fit_the_path(self) -> VllmSettings:
@@ -581,6 +595,33 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
     return args
 
 
+# The variable each library reads its cache folder from, and the subfolder it gets.
+CACHE_ENV = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "TRITON_CACHE_DIR": "triton",
+    "HUMMING_CACHE_DIR": "humming",
+}
+
+
+def apply_cache_dir(cache_dir: str | None, environ: Any = None) -> dict[str, str]:
+    """Point the engine's caches under `cache_dir` (`VllmSettings.cache_dir`) in `environ`
+    (this process's, which vLLM's engine core inherits); what is set already stays. Returns
+    the variables it set."""
+    env = os.environ if environ is None else environ
+    if not cache_dir:
+        return {}
+    root = Path(cache_dir)
+    if not root.is_absolute():
+        raise ValueError(f"cache_dir must be an absolute path, got {cache_dir!r}")
+    added = {}
+    for name, sub in CACHE_ENV.items():
+        if not env.get(name):
+            added[name] = str(root / sub)
+            env[name] = added[name]
+    return added
+
+
 def debug_inductor_options(text: str) -> dict[str, Any]:
     """`split_reductions=false+combo_kernels=false` -> {"split_reductions": False, ...}."""
     out: dict[str, Any] = {}
@@ -931,6 +972,8 @@ class VllmEngine:
             # vLLM forks its engine-core process by default, and a fork cannot use CUDA once
             # this process has touched it (torch.cuda.is_available() is enough): spawn.
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+            if added := apply_cache_dir(self.settings.cache_dir):
+                log.info("vLLM engine caches under %s (%s)", self.settings.cache_dir, sorted(added))
             try:
                 engine = AsyncLLM.from_engine_args(engine_kwargs)
             except Exception as exc:

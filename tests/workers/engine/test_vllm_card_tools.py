@@ -203,3 +203,18 @@ def test_the_step_watch_names_the_bad_rows_requests() -> None:
     assert info["bad_req_ids"] == ["b", "c"]
     assert (info["bad_hidden_rows"], info["bad_logprob_rows"], info["bad_fused"]) == (1, 1, 1)
     assert info["whole_reqs"] == 0
+
+
+def test_the_engine_caches_go_under_one_folder_and_keep_what_is_set(tmp_path: Path) -> None:
+    from workers.engine.vllm_backend import CACHE_ENV, VllmSettings, apply_cache_dir
+
+    env = {"TRITON_CACHE_DIR": "/operator/triton"}
+    added = apply_cache_dir(str(tmp_path), env)
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
+    assert env["HUMMING_CACHE_DIR"] == str(tmp_path / "humming")
+    assert env["TRITON_CACHE_DIR"] == "/operator/triton"  # the operator's choice stays
+    assert set(added) == set(CACHE_ENV) - {"TRITON_CACHE_DIR"}
+    assert apply_cache_dir(None, env) == {}
+    with pytest.raises(ValueError, match="absolute"):
+        VllmSettings(cache_dir="relative/caches")
+    assert VllmSettings(cache_dir=str(tmp_path)).cache_dir == str(tmp_path)
