@@ -2,9 +2,10 @@
 
 The worker reads requests only through `parse_request`, which returns the request or a
 `RequestError` (an `ErrorCode`, a message, the field's path) and never raises for bad input.
-Results go out through `encode_output` in the pipeline's format (ours, Jev's response
-shape, or OpenAI's moderation shape); `audit` says what decided each; `cloudevents` reads
-structured-mode events and writes the attributes of our own records.
+Results go out through `encode_output` in the pipeline's format (`formats`, one module
+each: ours, Jev's response shape, OpenAI's moderation shape); `audit` says what decided
+each; `cloudevents` reads structured-mode events and writes the attributes of our own
+records.
 `python -m schemas.export` writes the JSON Schema files in `schemas/json/`.
 """
 
@@ -13,9 +14,14 @@ from schemas.audit import Audit, digest
 from schemas.cloudevents import EventRef
 from schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
 from schemas.errors import ErrorCode, RequestError, RequestRejected
-from schemas.jev import JevResponse, to_jev
-from schemas.moderation import ModerationOptions, ModerationResponse, to_moderation
-from schemas.output import OUTPUT_FORMATS, OutputFormat, encode_output, read_output
+from schemas.formats import format_names, get_format
+from schemas.formats.jev import JevResponse, to_jev
+from schemas.formats.openai_moderation import (
+    ModerationOptions,
+    ModerationResponse,
+    to_moderation,
+)
+from schemas.output import OutputFormat, encode_output, read_output
 from schemas.parse import (
     DEFAULT_LIMITS,
     FallbackId,
@@ -47,7 +53,6 @@ from schemas.result import (
 
 __all__ = [
     "DEFAULT_LIMITS",
-    "OUTPUT_FORMATS",
     "SCHEMA_VERSION",
     "Answer",
     "Audit",
@@ -80,6 +85,8 @@ __all__ = [
     "YesNoQuestion",
     "digest",
     "encode_output",
+    "format_names",
+    "get_format",
     "parse_request",
     "question_order",
     "read_output",

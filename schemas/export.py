@@ -16,29 +16,32 @@ from typing import Literal
 from pydantic import BaseModel
 
 from schemas.dead_letter import DeadLetter
-from schemas.jev import JevResponse
-from schemas.moderation import ModerationResponse
+from schemas.formats import formats
 from schemas.request import ClassificationRequest
-from schemas.result import ClassificationResult
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
-# Requests are read by us (validation mode); results and dead letters are written by us, so
-# their schema says what is always present (serialization mode).
-_FILES: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]] = {
-    "request.schema.json": (ClassificationRequest, "validation"),
-    "result.schema.json": (ClassificationResult, "serialization"),
-    "dead_letter.schema.json": (DeadLetter, "serialization"),
-    "jev_result.schema.json": (JevResponse, "serialization"),
-    "openai_moderation_result.schema.json": (ModerationResponse, "serialization"),
-}
+Mode = Literal["validation", "serialization"]
+
+
+def _files() -> dict[str, tuple[type[BaseModel], Mode]]:
+    """Requests are read by us (validation mode); results and dead letters are written by
+    us, so their schema says what is always present (serialization mode). Each output
+    format names its own file (`schemas.formats`)."""
+    out: dict[str, tuple[type[BaseModel], Mode]] = {
+        "request.schema.json": (ClassificationRequest, "validation"),
+        "dead_letter.schema.json": (DeadLetter, "serialization"),
+    }
+    for fmt in formats():
+        out[fmt.schema_file] = (fmt.response, "serialization")
+    return out
 
 
 def render() -> dict[str, str]:
     """File name -> file text, deterministic (sorted keys, indent 2, trailing newline)."""
     out = {}
-    for name, (model, mode) in _FILES.items():
+    for name, (model, mode) in _files().items():
         schema = {"$schema": _DIALECT, **model.model_json_schema(mode=mode)}
         out[name] = json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     return out

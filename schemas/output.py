@@ -1,40 +1,32 @@
-"""The formats a pipeline writes its results in (`output_format`), and reading either back.
+"""Writing a result in a pipeline's format (`output_format`), and reading any format back.
 
-- "dgstream" (the default): the `ClassificationResult` itself.
-- "jev": `schemas.jev.JevResponse`, what Jev's clients read.
-- "openai_moderation": `schemas.moderation.ModerationResponse`, OpenAI's moderation
-  response shape, from the pipeline's yes/no questions (`ModerationOptions`).
+The formats are the registry's (`schemas.formats`, one module each).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from schemas.jev import JevResponse, to_jev
-from schemas.moderation import ModerationOptions, ModerationResponse, to_moderation
+from schemas.formats import DEFAULT_FORMAT, formats, get_format
+from schemas.formats.jev import JevResponse
+from schemas.formats.openai_moderation import ModerationResponse
 from schemas.result import ClassificationResult
 
-OutputFormat = Literal["dgstream", "jev", "openai_moderation"]
-OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("dgstream", "jev", "openai_moderation")
+# A registered format's name (`schemas.formats.format_names()`).
+OutputFormat = str
 
 
 def encode_output(
     result: ClassificationResult,
-    fmt: OutputFormat = "dgstream",
-    moderation: ModerationOptions | None = None,
+    fmt: OutputFormat = DEFAULT_FORMAT,
+    options: BaseModel | None = None,
 ) -> bytes:
-    """The record value for `result` in format `fmt` (UTF-8 JSON); `moderation` shapes the
-    openai_moderation format (its defaults otherwise)."""
-    if fmt == "dgstream":
-        return result.model_dump_json().encode()
-    if fmt == "jev":
-        return to_jev(result).model_dump_json().encode()
-    if fmt == "openai_moderation":
-        return to_moderation(result, moderation).model_dump_json().encode()
-    raise ValueError(f"unknown output format {fmt!r}; expected one of {OUTPUT_FORMATS}")
+    """The record value for `result` in format `fmt` (UTF-8 JSON); `options` are the
+    format's (its defaults when None). ValueError for a format not registered."""
+    f = get_format(fmt)
+    return f.encode(result, f.defaults if options is None else options)
 
 
 def read_output(value: bytes | str) -> ClassificationResult | JevResponse | ModerationResponse:
@@ -45,14 +37,17 @@ def read_output(value: bytes | str) -> ClassificationResult | JevResponse | Mode
         raise ValueError(f"not a result: not JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise ValueError("not a result: not a JSON object")
-    # A dgstream result has an id and answers; Jev's shape has answers and usage but no id;
-    # OpenAI's moderation shape has an id and results.
-    model: type[ClassificationResult | JevResponse | ModerationResponse] = ClassificationResult
-    if "results" in obj and "answers" not in obj:
-        model = ModerationResponse
-    elif "id" not in obj and "usage" in obj:
-        model = JevResponse
+    # The first format that recognises the object's keys; the default one otherwise.
+    model: type[BaseModel] = get_format(DEFAULT_FORMAT).response
+    for f in formats():
+        if f.recognises(obj):
+            model = f.response
+            break
     try:
-        return model.model_validate(obj)
+        read = model.model_validate(obj)
     except ValidationError as exc:
         raise ValueError(f"not a result ({model.__name__}): {exc.errors()[0]['msg']}") from None
+    if not isinstance(read, ClassificationResult | JevResponse | ModerationResponse):
+        # A format registered beside these (a test's): its readers are its own.
+        raise ValueError(f"not a result this reader knows ({model.__name__})")
+    return read

@@ -231,6 +231,7 @@ class PipelineRunner:
     # ------------------------------------------------------------------ settings
 
     def worker_settings(self, replica: int) -> Any:
+        from schemas.formats import OutputFields
         from workers.settings import ActorResources, ProducerTuning, WorkerSettings
 
         s = self.spec
@@ -252,9 +253,9 @@ class PipelineRunner:
             schema_registry=s.schema_registry,
             static_membership=s.static_membership,
             reply_topics=s.reply_topics,
-            output_format=s.output_format,
             routes=s.routes,
-            moderation=s.moderation,
+            # `output_format` and every format's options, whichever formats exist.
+            **{name: getattr(s, name) for name in OutputFields.model_fields},
             calibration=s.calibration,
             shadow=s.shadow,
             tracing=self.topology.tracing,

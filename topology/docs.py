@@ -61,10 +61,11 @@ def _default(info: FieldInfo) -> str:
 
 
 def _doc_of(model: type[BaseModel], name: str) -> str:
-    """The comment above the field in the source (of the class that declares it)."""
+    """The comment above the field in the source (of the class that declares it), else the
+    field's description (fields built from a registry have no source line)."""
     for cls in model.__mro__:
         if isinstance(cls, type) and issubclass(cls, BaseModel) and name in cls.__annotations__:
-            return _comment(cls, name)
+            return _comment(cls, name) or (model.model_fields[name].description or "")
     return ""
 
 

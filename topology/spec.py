@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import ModerationOptions, OutputFormat, Question
+from schemas import Question
+from schemas.formats import OutputFields
 from schemas.names import TOPIC_PATTERN
 from schemas.request import QUESTION_TYPES
 from workers.calibration import Calibration
@@ -32,7 +33,7 @@ from workers.engine.factory import EngineSettings
 from workers.kafka_settings import KafkaConnection
 from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
-from workers.settings import Batching, CompressionType, Framing, check_moderation
+from workers.settings import Batching, CompressionType, Framing
 from workers.tracing import TracingSettings
 
 _NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
@@ -125,7 +126,10 @@ class RestartSpec(_Frozen):
     loop_restarts: int = Field(default=5, ge=1)
 
 
-class PipelineSpec(_Frozen):
+class PipelineSpec(OutputFields, _Frozen):
+    """One pipeline. `output_format` and each output format's options key come from
+    `schemas.formats`, the same fields as the worker's settings."""
+
     name: str = Field(pattern=_NAME)
     input_topics: list[str] = Field(min_length=1)
     output_topic: str = Field(pattern=TOPIC_PATTERN)
@@ -162,20 +166,12 @@ class PipelineSpec(_Frozen):
     # `http://host:8080/apis/ccompat/v7`).
     schema_registry: RegistrySettings | None = None
     static_membership: bool = False
-    # How results are written: "dgstream" (the result record), "jev" (Jev's response
-    # shape, for consumers that are Jev clients) or "openai_moderation" (OpenAI's
-    # moderation response, from the yes/no questions: `moderation`). Dead letters are the
-    # same in all three.
-    output_format: OutputFormat = "dgstream"
     # In order: the first route whose `when` holds sends a result to its `topic`; results
     # no route takes go to output_topic (docs/routes.md).
     routes: list[Route] = Field(default_factory=list)
     # Where a request's reply_topic may point (shell-style patterns); the output topic is
     # always allowed. Default: the Python client's reply topics.
     reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
-    # With output_format "openai_moderation": categories (-> yes/no question ids),
-    # thresholds, and whether `flagged` follows them or the routes (docs/decisions.md).
-    moderation: ModerationOptions = Field(default_factory=ModerationOptions)
     # A calibration file (`dgstream calibrate` writes it), applied before the routes: its
     # path, relative to this topology file (`dgstream run` reads it and sends its content).
     calibration: Calibration | None = None
@@ -271,7 +267,7 @@ class Topology(_Frozen):
             except ValueError as exc:
                 raise ValueError(f"pipelines[{i}].{exc}") from None
             try:
-                check_moderation(p.moderation, p.routes, self.question_sets_for(p))
+                p.check_output_options({r.name for r in p.routes}, self.question_sets_for(p))
             except ValueError as exc:
                 raise ValueError(f"pipelines[{i}].{exc}") from None
         _check_shadows(self.pipelines)

@@ -22,7 +22,14 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import SCHEMA_VERSION, ClassificationResult, DeadLetter, ErrorCode, RequestError
+from schemas import (
+    SCHEMA_VERSION,
+    ClassificationResult,
+    DeadLetter,
+    ErrorCode,
+    RequestError,
+    get_format,
+)
 from schemas.framing import frame
 from workers.batches import Batch, Entry, Output
 from workers.decisions import Decisions
@@ -72,6 +79,7 @@ class OutputBuilder:
             ("worker", self._name.encode()),
         ]
         self._router = Router(settings.routes, settings.output_topic)
+        self._format_options = settings.output_options()  # once, not per record
         self._decisions = decisions
         self._registry: RegistryClient | None = None
         if settings.output_framing == "confluent" and settings.schema_registry is not None:
@@ -164,7 +172,7 @@ class OutputBuilder:
             ours=self._result_headers,
             audit=None if d is None else functools.partial(d.auditor.audit, entry.request),
             shadow=s.shadow,
-            moderation=s.moderation,
+            options=self._format_options,
             extra=extra,
         )
         refusal = await self._where(rec.topic)
@@ -280,9 +288,6 @@ def _result_schema(settings: WorkerSettings) -> dict[str, Any]:
     import json
     from importlib.resources import files
 
-    name = {
-        "jev": "jev_result.schema.json",
-        "openai_moderation": "openai_moderation_result.schema.json",
-    }.get(settings.output_format, "result.schema.json")
+    name = get_format(settings.output_format).schema_file
     loaded: dict[str, Any] = json.loads(files("schemas").joinpath("json", name).read_text())
     return loaded

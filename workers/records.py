@@ -49,13 +49,13 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from kafka.record.util import size_of_varint
+from pydantic import BaseModel
 
 from schemas import (
     Audit,
     ClassificationResult,
     DeadLetter,
     ErrorCode,
-    ModerationOptions,
     OutputFormat,
     RequestError,
     encode_output,
@@ -171,14 +171,15 @@ def result_record(
     ours: Sequence[Header],
     audit: Callable[[str], Audit] | None = None,
     shadow: bool = False,
-    moderation: ModerationOptions | None = None,
+    options: BaseModel | None = None,
     extra: Sequence[Header] = (),
 ) -> OutputRecord:
     """The output record of one result. `ours`: the worker's headers (schema_version, model,
     worker); `output_format`, `route` and `extra` (CloudEvents attributes, trace context)
     are added to them. `audit(route)` gives the result's audit once its route is known. In
     `shadow` mode the route is evaluated (and audited) but every result goes to the router's
-    default topic, and a reply topic is ignored."""
+    default topic, and a reply topic is ignored. `options`: the format's (its defaults when
+    None)."""
     match = router.route(result, None if shadow else reply_topic)
     if audit is not None:
         result = result.model_copy(update={"audit": audit(match.name)})
@@ -193,7 +194,7 @@ def result_record(
     )
     key = output_key(input_key, result.id)
     topic = router.default.topic if shadow else match.topic
-    value = encode_output(result, output_format, moderation)
+    value = encode_output(result, output_format, options)
     return OutputRecord(topic, key, value, headers, match.name)
 
 

@@ -14,13 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from schemas import (
     DEFAULT_LIMITS,
-    ModerationOptions,
-    OutputFormat,
     ParseLimits,
     Question,
     RequestRejected,
     question_order,
 )
+from schemas.formats import OutputFields
 from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
@@ -203,32 +202,10 @@ class ActorResources(_Frozen):
     custom: dict[str, float] = Field(default_factory=dict)
 
 
-def check_moderation(
-    options: ModerationOptions,
-    routes: list[Route],
-    question_sets: dict[str, dict[str, Question]],
-) -> None:
-    """The moderation shape's references hold: its routes exist, and (with question sets)
-    each category names a yes/no question of one of them. ValueError naming the field."""
-    names = {r.name for r in routes}
-    unknown = sorted(set(options.flag_routes or ()) - names)
-    if unknown:
-        raise ValueError(f"moderation.flag_routes: no route named {unknown}")
-    if options.flagged_by == "routes" and not routes:
-        raise ValueError('moderation.flagged_by "routes" needs routes')
-    if not question_sets:
-        return  # requests bring their own questions: their ids cannot be known here
-    yes_no = {qid for qs in question_sets.values() for qid, q in qs.items() if q.kind == "yes_no"}
-    for category, qid in options.categories.items():
-        if qid not in yes_no:
-            raise ValueError(
-                f"moderation.categories.{category}: {qid!r} is no yes/no question of the "
-                "pipeline's question sets"
-            )
-
-
-class WorkerSettings(_Frozen):
-    """One replica of one pipeline: where to read and write, which engine, how to batch."""
+class WorkerSettings(OutputFields, _Frozen):
+    """One replica of one pipeline: where to read and write, which engine, how to batch.
+    How results are written (`output_format` and each format's options) comes from
+    `schemas.formats.OutputFields`, the same fields as the topology's pipeline."""
 
     pipeline: str = Field(pattern=_NAME_PATTERN)
     # The topology's `ray.deployment`: two deployments of one pipeline (an upgrade runs
@@ -269,16 +246,9 @@ class WorkerSettings(_Frozen):
     # "dgstream.replies.<id>"). The output topic is always allowed; internal topics
     # ("__..."), the input topics and the dead-letter topic never are.
     reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
-    # How results are written (schemas.output.OUTPUT_FORMATS): "dgstream" (the result
-    # record), "jev" (Jev's response shape) or "openai_moderation" (OpenAI's moderation
-    # response); dead letters are the same in all of them.
-    output_format: OutputFormat = "dgstream"
     # In order: the first route whose condition holds sends a result to its topic; results
     # no route takes go to output_topic (a request's reply_topic wins over both).
     routes: list[Route] = Field(default_factory=list)
-    # With output_format "openai_moderation": which yes/no questions are which categories,
-    # their thresholds, and what `flagged` means.
-    moderation: ModerationOptions = Field(default_factory=ModerationOptions)
     # Per-question temperatures applied to every result before its route is chosen
     # (`dgstream calibrate` writes them); the engine's probabilities stay beside them.
     calibration: Calibration | None = None
@@ -361,7 +331,7 @@ class WorkerSettings(_Frozen):
             list(self.question_sets.values()) or None,
             forbidden_topics=[*self.input_topics, self.dead_letter_topic],
         )
-        check_moderation(self.moderation, self.routes, self.question_sets)
+        self.check_output_options({r.name for r in self.routes}, self.question_sets)
         return self
 
     # ---------------------------------------------------------------- derived names

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from schemas import ClassificationResult, JevResponse, encode_output, read_output, to_jev
 from schemas.export import JSON_DIR
-from schemas.jev import JevScoreAnswer
+from schemas.formats.jev import JevScoreAnswer
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,7 @@ from schemas import (
     encode_output,
     read_output,
 )
-from schemas.moderation import OPENAI_CATEGORIES
+from schemas.formats.openai_moderation import OPENAI_CATEGORIES
 from schemas.result import ChoiceAnswer, SkippedAnswer
 
 pytestmark = pytest.mark.unit

@@ -18,11 +18,15 @@ asked. A category of a name of its own is added beside them.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping, Set
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas._common import WireModel
+from schemas.formats import register
+from schemas.formats._base import Format
+from schemas.request import Question
 from schemas.result import ClassificationResult, YesNoAnswer
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "ModerationOptions",
     "ModerationResponse",
     "ModerationResult",
+    "OpenAIModeration",
     "to_moderation",
 ]
 
@@ -54,7 +59,8 @@ _NOT_A_ROUTE = ("default", "reply")
 
 
 class ModerationOptions(BaseModel):
-    """How a pipeline writes `openai_moderation` results."""
+    """How a pipeline writes `openai_moderation` results: categories (-> yes/no question
+    ids), thresholds, and whether `flagged` follows them or the routes (docs/decisions.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -145,3 +151,43 @@ def to_moderation(
             )
         ],
     )
+
+
+@register
+class OpenAIModeration(Format[ModerationOptions]):
+    name = "openai_moderation"
+    options = ModerationOptions
+    options_key = "moderation"
+    response = ModerationResponse
+    schema_file = "openai_moderation_result.schema.json"
+
+    def encode(self, result: ClassificationResult, options: ModerationOptions) -> bytes:
+        return to_moderation(result, options).model_dump_json().encode()
+
+    def recognises(self, obj: Mapping[str, Any]) -> bool:
+        return "results" in obj and "answers" not in obj
+
+    def check(
+        self,
+        options: ModerationOptions,
+        route_names: Set[str],
+        question_sets: Mapping[str, Mapping[str, Question]],
+    ) -> None:
+        """Its routes exist, and (with question sets) each category names a yes/no question
+        of one of them."""
+        unknown = sorted(set(options.flag_routes or ()) - route_names)
+        if unknown:
+            raise ValueError(f"moderation.flag_routes: no route named {unknown}")
+        if options.flagged_by == "routes" and not route_names:
+            raise ValueError('moderation.flagged_by "routes" needs routes')
+        if not question_sets:
+            return  # requests bring their own questions: their ids cannot be known here
+        yes_no = {
+            qid for qs in question_sets.values() for qid, q in qs.items() if q.kind == "yes_no"
+        }
+        for category, qid in options.categories.items():
+            if qid not in yes_no:
+                raise ValueError(
+                    f"moderation.categories.{category}: {qid!r} is no yes/no question of the "
+                    "pipeline's question sets"
+                )

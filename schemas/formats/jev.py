@@ -1,4 +1,5 @@
-"""Results in the Jev API's response shape, for pipelines whose consumers are Jev clients.
+"""Results in the Jev API's response shape (`output_format: jev`), for pipelines whose
+consumers are Jev clients.
 
 `{"model", "answers", "usage": {"input_tokens", "output_tokens"}}`, with answers:
 - yes/no: `{"type": "noul", "noul": p_yes}`;
@@ -15,11 +16,14 @@ record's value directly, would refuse one.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from schemas._common import WireModel
+from schemas.formats import register
+from schemas.formats._base import Format, NoOptions
 from schemas.result import (
     ChoiceAnswer,
     ClassificationResult,
@@ -121,3 +125,20 @@ def to_jev(result: ClassificationResult) -> JevResponse:
         answers={qid: a for qid, a in answers.items() if a is not None},
         usage=JevUsage(input_tokens=diag.input_tokens, output_tokens=diag.output_tokens),
     )
+
+
+@register
+class Jev(Format[NoOptions]):
+    name = "jev"
+    options = NoOptions
+    response = JevResponse
+    schema_file = "jev_result.schema.json"
+
+    def encode(self, result: ClassificationResult, options: NoOptions) -> bytes:
+        return to_jev(result).model_dump_json().encode()
+
+    def recognises(self, obj: Mapping[str, Any]) -> bool:
+        # Answers and usage but no id; an object with results and no answers is OpenAI's
+        # moderation shape, whatever else it holds.
+        moderation = "results" in obj and "answers" not in obj
+        return "id" not in obj and "usage" in obj and not moderation

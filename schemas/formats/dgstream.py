@@ -1,0 +1,18 @@
+"""The default output format: the `ClassificationResult` itself (`result.schema.json`)."""
+
+from __future__ import annotations
+
+from schemas.formats import register
+from schemas.formats._base import Format, NoOptions
+from schemas.result import ClassificationResult
+
+
+@register
+class Dgstream(Format[NoOptions]):
+    name = "dgstream"
+    options = NoOptions
+    response = ClassificationResult
+    schema_file = "result.schema.json"
+
+    def encode(self, result: ClassificationResult, options: NoOptions) -> bytes:
+        return result.model_dump_json().encode()
