@@ -12,7 +12,7 @@ topic, read to its end, gives the answered ids and the duplicates.
 
 Writes the timeline (lag, replicas, throughput against time) to docs/autoscale_timeline.png
 and the "autoscale-spike" section of docs/benchmarks.md. The tests
-(tests/topology/test_controller_ray.py) run the same scenario (tests/support/spike.py) and
+(tests/topology/test_controller_ray.py) run the same scenario (bench/harness/spike.py) and
 assert on it; they write nothing.
 """
 
@@ -27,12 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
 
-from bench import ROOT, use_test_support
-
-use_test_support()
-
-from support.ray_cluster import ray_cluster  # noqa: E402
-from support.spike import (  # noqa: E402
+from bench import ROOT
+from bench.harness.ray_cluster import ray_cluster
+from bench.harness.spike import (
     COST_PER_READ_S,
     GPUS,
     MAX_RECORDS,
@@ -44,8 +41,7 @@ from support.spike import (  # noqa: E402
     SpikeResult,
     run_spike,
 )
-
-from workers.kafka_settings import KafkaConnection  # noqa: E402
+from workers.kafka_settings import KafkaConnection
 
 # ---------------------------------------------------------------------------- report
 

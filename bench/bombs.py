@@ -2,7 +2,7 @@
 
 A stream worker (a process of its own, the fake engine, every setting at its default:
 consumer.max_batch_bytes unset, so 32 x max_message_bytes = 32 MiB) reads a one-partition
-topic from a local broker. Each case sends bombs (librdkafka, `tests/support/bombs.py`: a
+topic from a local broker. Each case sends bombs (librdkafka, `bench/harness/bombs.py`: a
 value of hundreds of MB that its codec makes KBs) and then one good request, to that
 partition, each in a batch of its own. While it runs, the worker process's RSS is sampled
 every 10 ms (psutil). Reported per case: the peak RSS over the RSS just before the case,
@@ -41,18 +41,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import use_test_support
 
-use_test_support()
+import psutil
+from kafka import KafkaConsumer, TopicPartition
 
-import psutil  # noqa: E402
-from kafka import KafkaConsumer, TopicPartition  # noqa: E402
-from support.bombs import Producers, Send, byte_bomb, json_bomb  # noqa: E402
-
-from bench.report import figure, write_section  # noqa: E402
-from schemas import DeadLetter  # noqa: E402
-from workers.kafka_admin import ensure_topics  # noqa: E402
-from workers.kafka_settings import KafkaConnection  # noqa: E402
+from bench.harness.bombs import Producers, Send, byte_bomb, json_bomb
+from bench.report import figure, write_section
+from schemas import DeadLetter
+from workers.kafka_admin import ensure_topics
+from workers.kafka_settings import KafkaConnection
 
 MB = 1_000_000
 # The default bound (workers.inputs.BATCH_RECORDS_AT_LIMIT x the default 1 MiB).

@@ -34,14 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import use_test_support
+from bench.harness.reads import make_reads
 from workers.engine.hf_backend import TransformersEngine
 from workers.engine.models import TINY_RANDOM, full_size_config, tiny_config
 from workers.engine.types import Read
-
-use_test_support()
-
-from support.reads import make_reads  # noqa: E402
 
 
 def sync() -> None:
@@ -190,7 +186,7 @@ def main() -> int:
         "--section",
         default=None,
         help="with --render-scheduling (default card24-scheduling) or --render-steps "
-        "(default card24-one-step): the session's section (support.card_rows.SESSIONS, "
+        "(default card24-one-step): the session's section (bench.harness.card_rows.SESSIONS, "
         "STEP_SESSIONS)",
     )
     ap.add_argument("--tiny", action="store_true", help="tiny model on the CPU (smoke test)")
@@ -239,8 +235,7 @@ def main() -> int:
         print(md)
         return 0
     if args.render_scheduling:
-        from support.card_rows import render_scheduling
-
+        from bench.harness.card_rows import render_scheduling
         from bench.report import write_section
 
         section = args.section or "card24-scheduling"
@@ -249,8 +244,7 @@ def main() -> int:
         print(md)
         return 0
     if args.render_steps:
-        from support.card_rows import render_steps
-
+        from bench.harness.card_rows import render_steps
         from bench.report import write_section
 
         section = args.section or "card24-one-step"

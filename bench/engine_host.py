@@ -2,11 +2,11 @@
 
 - the engine core's scheduler: vLLM 0.33's real diffusion scheduler, its requests, KV
   block pool and prefix cache (SHA-256 block hashes, vLLM's default), driven as async
-  scheduling drives it, with the runner's output made up (tests/support/vllm_scheduler.py);
+  scheduling drives it, with the runner's output made up (bench/harness/vllm_scheduler.py);
   side by side in one run: vLLM's own scheduler, the plugin's with reads in two steps, the
   plugin's with one-step reads;
 - the front end: the engine's sampling params, vLLM's input and output processors, the
-  messages both ways and the engine's `parse_output` (tests/support/vllm_frontend.py).
+  messages both ways and the engine's `parse_output` (bench/harness/vllm_frontend.py).
 
 Prints the tables and writes docs/benchmarks.md's section.
 
@@ -23,13 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import use_test_support
 
-use_test_support()
-
-from support.vllm_frontend import FRONT, frontend_cost  # noqa: E402
-from support.vllm_model import write_model_dir  # noqa: E402
-from support.vllm_scheduler import BUDGET, PROMPT, WIDTH, host_cost  # noqa: E402
+from bench.harness.vllm_frontend import FRONT, frontend_cost
+from bench.harness.vllm_model import write_model_dir
+from bench.harness.vllm_scheduler import BUDGET, PROMPT, WIDTH, host_cost
 
 MODES = ("stock", "two_step", "one_step")
 # The card's best one-question-set rate at batch 256 (reads/s): an H200 as the 24 GB card,

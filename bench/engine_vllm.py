@@ -35,13 +35,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# The rows' harness and their section (bench/harness/card_rows.py: the tests check it there).
 from bench import use_test_support
+from bench.harness.card_rows import measure, probe, scheduling_name
 
+# The full-size model's directory is still test support's (tests/support/full_size.py, to
+# move into bench/harness/): the one import of bench/ outside bench/gpu/ that reaches it.
 use_test_support()
 
-# The rows' harness and their section live with the tests that check them (bench imports
-# tests/support, never the other way round).
-from support.card_rows import measure, probe, scheduling_name  # noqa: E402
 from support.full_size import full_size_dir, stable_root  # noqa: E402
 
 # Every label id `bench.engine_gpu.make_reads` puts on a canvas.
@@ -158,7 +159,7 @@ async def profile(engine: Any, args: argparse.Namespace, vocab: int) -> None:
     """One torch-profiled batch of each kind (vLLM writes the traces and CUDA-time tables):
     batch 1 and 256 of unique prompts, and 256 of one question set (its prefix put in the
     cache by an unprofiled batch first, as measure() does)."""
-    from support.reads import make_reads
+    from bench.harness.reads import make_reads
 
     rng = random.Random(1)
     llm = engine._engine

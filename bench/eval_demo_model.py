@@ -30,13 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import ROOT, use_test_support
-
-use_test_support()  # tests/support/: the mis-wirings that show the check can fail
-
-from support.miswire import MISWIRINGS  # noqa: E402
-
-from topology import demo_tasks  # noqa: E402
+from bench import ROOT
+from bench.harness.miswire import MISWIRINGS
+from topology import demo_tasks
 
 PLOT = ROOT / "docs" / "reliability.png"
 

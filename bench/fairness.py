@@ -32,16 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import use_test_support
 
-use_test_support()
-
-from worker_helpers import Pipeline, WorkerThread, request_bytes  # noqa: E402
-
-import workers.stream.intake as intake  # noqa: E402
-from bench.report import figure, write_section  # noqa: E402
-from workers.kafka_admin import ensure_topics  # noqa: E402
-from workers.kafka_settings import KafkaConnection  # noqa: E402
+import workers.stream.intake as intake
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.report import figure, write_section
+from workers.kafka_admin import ensure_topics
+from workers.kafka_settings import KafkaConnection
 
 # As tests/workers/test_fairness.py: the batch and the slots the bound there is stated for.
 MAX_RECORDS = 64

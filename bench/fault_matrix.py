@@ -40,11 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
 
-from bench import use_test_support
 
-use_test_support()
-
-from support.fault_matrix import (  # noqa: E402
+from bench.harness.fault_matrix import (
     BATCHING,
     BROKERS,
     COST_PER_READ_S,

@@ -31,14 +31,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
 
-from bench import use_test_support
 
-use_test_support()
-
-from support.ray_cluster import NAMESPACE, pipeline_status, ray_cluster  # noqa: E402
-from support.spike import run_spike  # noqa: E402
-
-from bench import autoscale_spike as spike  # noqa: E402
+from bench import autoscale_spike as spike
+from bench.harness.ray_cluster import NAMESPACE, pipeline_status, ray_cluster
+from bench.harness.spike import run_spike
 
 
 def engine(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The peer of dgstream's vLLM read path: `vllm serve`'s own label reads (`/v1/decisions`, or
 `/v1/systemone`) on the full-size DiffusionGemma shape with dummy weights, held at a fixed
-concurrency by an async client. The harness is tests/support/peer_decisions.py.
+concurrency by an async client. The harness is bench/harness/peer_decisions.py.
 
 Run on the GPU machine (bench/gpu/peer_session.sh: the emulated 24 GB card), one server
 start, then the rows; render here:
@@ -44,11 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository
 
-from bench import use_test_support
 
-use_test_support()
-
-from support.peer_decisions import parse_args, render, run  # noqa: E402
+from bench.harness.peer_decisions import parse_args, render, run
 
 
 def model_dir(quant: str, root: Path) -> Path:

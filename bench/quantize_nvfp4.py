@@ -1,6 +1,6 @@
 """Quantize the committed demo model to NVFP4 in the production checkpoint's format, and
 optionally compare it with the demo model on the CPU. The quantizer and its bars live in
-tests/support/nvfp4.py (the tests check the committed checkpoint against it).
+bench/harness/nvfp4.py (the tests check the committed checkpoint against it).
 
     python -m bench.quantize_nvfp4                  # writes workers/engine/weights/demo-nvfp4
     python -m bench.quantize_nvfp4 --out DIR
@@ -17,11 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import use_test_support
 
-use_test_support()
-
-from support.nvfp4 import IGNORE, SOURCE, TARGET, cpu_preview, quantize  # noqa: E402
+from bench.harness.nvfp4 import IGNORE, SOURCE, TARGET, cpu_preview, quantize
 
 
 def main(argv: Sequence[str] | None = None) -> int:

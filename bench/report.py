@@ -1,7 +1,7 @@
 """Keeps docs/benchmarks.md: each benchmark owns one section between markers and rewrites
 only that section, so figures from different runs (CPU here, GPU there) live side by side.
 A section marks the figures other pages quote (`figure(key, value)`); writing a section
-fills those quotes (tests/support/figures.py), so the README follows the run. A dated
+fills those quotes (bench/harness/figures.py), so the README follows the run. A dated
 section moved to docs/history/ is rewritten where it now is."""
 
 from __future__ import annotations
@@ -9,11 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench import use_test_support
-
-use_test_support()
-
-from support.figures import figure, fill  # noqa: E402
+from bench.harness.figures import figure, fill
 
 __all__ = ["DOC", "HISTORY", "figure", "home", "write_section"]
 

@@ -1,5 +1,5 @@
 """How far the host sampler of GPU runs (bench/gpu/card/dgstacks.py) puts a loop's time
-where it was spent, on the CPU (the loop and the settings: tests/support/sampler_bias.py).
+where it was spent, on the CPU (the loop and the settings: bench/harness/sampler_bias.py).
 Prints the table and writes docs/benchmarks.md's section.
 
     python bench/stacks_bias.py [--seconds 6]
@@ -13,11 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import use_test_support
 
-use_test_support()
-
-from support.sampler_bias import SETTINGS, measure, render  # noqa: E402
+from bench.harness.sampler_bias import SETTINGS, measure, render
 
 
 def main() -> int:

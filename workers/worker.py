@@ -93,7 +93,7 @@ class StreamWorker:
         return self._shared.log
 
     @log.setter
-    def log(self, log: Any) -> None:  # a test's wrapper (tests/faults.py, LogTap)
+    def log(self, log: Any) -> None:  # a test's wrapper (bench/harness/faults.py, LogTap)
         self._shared.log = log
 
     # ================================================================== public API

@@ -138,10 +138,10 @@ def test_pure_python_shorter_than_the_switch_interval_is_seen(tmp_path: Path) ->
 
 @pytest.mark.unit
 def test_the_bias_bench_sets_each_phase_beside_its_truth() -> None:
-    """bench/stacks_bias.py's loop (tests/support/sampler_bias.py) from a clean checkout: a
+    """bench/stacks_bias.py's loop (bench/harness/sampler_bias.py) from a clean checkout: a
     short run of one sampler setting gives shares of the loop that each add up to 100, and
     its section names each row."""
-    from support import sampler_bias
+    from bench.harness import sampler_bias
 
     truth, sampled = sampler_bias.measure(0.5, "0.0001", "jitter")
     assert set(truth) == set(sampler_bias.PHASES)

@@ -1,4 +1,4 @@
-"""The card benchmark's rows (tests/support/card_rows.py, run by bench/card_rows.py on the
+"""The card benchmark's rows (bench/harness/card_rows.py, run by bench/card_rows.py on the
 GPU machine) and their section, on the CPU against an engine that only counts: what a GPU
 session cannot afford to find out.
 
@@ -19,7 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from support import card_rows
+
+from bench.harness import card_rows
 
 
 class CountingEngine:
@@ -79,7 +80,7 @@ def test_a_row_holds_its_batches_in_flight_and_counts_its_reads(depth: int) -> N
 @pytest.mark.unit
 def test_the_reads_are_made_before_the_clock_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's reads/s counts only the engine: no read is made while a row's batches run."""
-    import support.reads as reads_module
+    import bench.harness.reads as reads_module
 
     made_while_reading: list[int] = []
     engine = CountingEngine()

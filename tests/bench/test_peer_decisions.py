@@ -1,4 +1,4 @@
-"""The peer benchmark's harness (tests/support/peer_decisions.py, run by
+"""The peer benchmark's harness (bench/harness/peer_decisions.py, run by
 bench/peer_decisions.py) on the CPU: what the GPU session cannot afford to find out.
 
 - the request bodies are what vLLM's own request models accept;
@@ -28,7 +28,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from support import peer_decisions as peer
+
+from bench.harness import peer_decisions as peer
 
 VOCAB = 262_144
 
@@ -575,7 +576,7 @@ def test_render_puts_the_peer_beside_the_in_process_rows(tmp_path: Path) -> None
               "p99_ms": 1200.0}]  # fmt: skip
     (tmp_path / "stock.json").write_text(json.dumps({"info": {}, "rows": stock}))
     marked = peer.render(tmp_path / "peer.json", [("stock", tmp_path / "stock.json")])
-    # Each ratio is a figure other pages may quote (tests/support/figures.py).
+    # Each ratio is a figure other pages may quote (bench/harness/figures.py).
     assert "<!-- figure: stock_unique_b256_vs_peer -->2.00<!-- /figure -->x" in marked
     md = plain(marked)
     lines = md.splitlines()

@@ -1,5 +1,5 @@
 """The GPU figures other pages quote come from docs/benchmarks.md's rendered sections
-(tests/support/figures.py): every quote holds its definition's value, and the check sees
+(bench/harness/figures.py): every quote holds its definition's value, and the check sees
 a quote that drifted, one that names no figure, and a key defined twice."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.figures import definitions, figure, filled, problems
+
+from bench.harness.figures import definitions, figure, filled, problems
 
 pytestmark = pytest.mark.unit
 

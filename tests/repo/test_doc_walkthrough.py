@@ -12,7 +12,7 @@ What differs from a person's terminal, on purpose, and nothing else:
   `bootstrap_servers`, the commands' stderr) stands for its address, and the page's
   `.cache/kafka/run` for its directory.
 - Ray: the `export RAY_AUTH_...` and `ray start` lines are this test's own cluster
-  (tests/support/ray_cluster.py: token authentication, a temp dir and free ports of its
+  (bench/harness/ray_cluster.py: token authentication, a temp dir and free ports of its
   own); the commands find it by `RAY_ADDRESS`. `ray stop` is not run: it stops every Ray
   of the user's on the machine (others run here); the cluster is stopped after the test.
 - The topology: `topology/examples/jev-routes.yaml` is a copy pointing at the broker above
@@ -42,7 +42,8 @@ from typing import Any
 import pytest
 import yaml
 from doc_blocks import ROOT, Block, blocks, json_subset, matches, matches_any_order, transcript
-from waiting import wait_for
+
+from bench.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.model, pytest.mark.slow]
 
@@ -245,7 +246,7 @@ def _steps(page: Path, name: str) -> list[Block]:
 
 
 def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    from support.ray_cluster import ray_cluster
+    from bench.harness.ray_cluster import ray_cluster
 
     steps = _steps(README, "readme")
     logs = _steps(OPERATIONS, "readme-logs")

@@ -7,6 +7,11 @@ from the files, and none crosses a line the architecture draws.
 - the worker (`workers/`) imports neither `topology/` nor `bench/`;
 - `infra/` imports neither `topology/` nor `bench/`;
 - nothing the product ships imports `bench/` or `tests/`;
+- benchmarks are a package: the scripts (`bench/*.py`) and their harness (`bench/harness/`)
+  import the product and `bench`, never `tests/` (neither `tests/support/` nor the helpers
+  beside it), with no `sys.path` edit to reach them; tests may import the harness
+  (`bench.harness`), never a script; the harness imports no script. Until they move,
+  `bench/gpu/` and the named imports of `_BENCH_REACHES_TESTS` are the exceptions;
 - no import circle inside `workers/` (through function-level imports and packages' __init__
   too), and the stream worker's roles (`workers/stream/`) import none of each other: only
   the consume loop and the facade (`workers/worker.py`) know them all.
@@ -83,22 +88,101 @@ def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
     assert _imports(f) == {"topology.spec", "kafka.admin"}
 
 
-# Tests that import `bench/`: none (the demo model's training is topology/demo_tasks/training).
-_TESTS_OF_BENCH: set[str] = set()
+# What still reaches tests/ from bench/ (through `bench.use_test_support`): bench/gpu/ as a
+# whole, and these imports, each until its module moves into bench/harness/.
+_BENCH_EXEMPT_FOLDER = "bench/gpu/"
+_BENCH_REACHES_TESTS: dict[str, set[str]] = {
+    "bench/engine_vllm.py": {"support.full_size"},
+}
 
 
-def test_tests_stand_alone() -> None:
-    """No test imports `bench/` (benchmarks import from the product or from tests/support,
-    never the other way round); the product never imports tests/support."""
-    crossings = []
-    for path in sorted((ROOT / "tests").rglob("*.py")):
-        rel = str(path.relative_to(ROOT))
-        if "__pycache__" in path.parts or rel in _TESTS_OF_BENCH:
+def _test_helper_names() -> set[str]:
+    """The top-level names a module of tests/ is imported by (pytest puts tests/ and each
+    folder with a conftest.py on the path): `support`, `tests`, and every helper module's
+    stem (`kafka_fakes`, `secure_kafka`, `dashboard_probe`, ...)."""
+    names = {"tests", "support"}
+    for path in (ROOT / "tests").rglob("*.py"):
+        if "__pycache__" in path.parts or path.name.startswith("test_"):
             continue
-        crossings += [f"{rel}: import {n}" for n in sorted(_imports(path)) if _under(n, "bench")]
+        if path.name not in ("conftest.py", "__init__.py"):
+            names.add(path.stem)
+    return names
+
+
+def _bench_crossings(root: Path, helpers: set[str]) -> list[str]:
+    """bench/'s imports of tests/ (outside the exceptions), the harness's imports of the
+    scripts, and the tests' imports of a script."""
+    crossings = []
+    for path in sorted((root / "bench").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if "__pycache__" in path.parts or rel.startswith(_BENCH_EXEMPT_FOLDER):
+            continue
+        allowed = _BENCH_REACHES_TESTS.get(rel, set())
+        for name in sorted(_imports(path)):
+            if name in allowed:
+                continue
+            if name.split(".")[0] in helpers:
+                crossings.append(f"{rel}: import {name} (tests/)")
+            elif (
+                rel.startswith("bench/harness/")
+                and _under(name, "bench")
+                and not (_under(name, "bench.harness") or name == "bench")
+            ):
+                crossings.append(f"{rel}: import {name} (a script)")
+    for path in sorted((root / "tests").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if "__pycache__" in path.parts:
+            continue
+        crossings += [
+            f"{rel}: import {n} (a script)"
+            for n in sorted(_imports(path))
+            if _under(n, "bench") and not _under(n, "bench.harness")
+        ]
+    return crossings
+
+
+def test_benchmarks_are_a_package() -> None:
+    """bench/ reaches nothing of tests/ (bench/gpu/ and the listed imports aside), the
+    harness no script, and the tests only the harness."""
+    crossings = _bench_crossings(ROOT, _test_helper_names())
+    assert not crossings, "\n".join(crossings)
+    # The exceptions are real: each still imports what it is excused for.
+    for rel, names in _BENCH_REACHES_TESTS.items():
+        assert names <= _imports(ROOT / rel), (
+            f"{rel} no longer needs {names - _imports(ROOT / rel)}"
+        )
+
+
+def test_the_bench_check_finds_a_crossing(tmp_path: Path) -> None:
+    """The check is not vacuous: bench/ importing tests/support or a test helper, the
+    harness importing a script, and a test importing a script are each found."""
+    (tmp_path / "bench" / "harness").mkdir(parents=True)
+    (tmp_path / "bench" / "gpu").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "bench" / "x.py").write_text("def f():\n    from support.fault_matrix import m\n")
+    (tmp_path / "bench" / "y.py").write_text("import kafka_fakes\nfrom bench.harness import z\n")
+    (tmp_path / "bench" / "harness" / "z.py").write_text("from bench.report import figure\n")
+    (tmp_path / "bench" / "gpu" / "w.py").write_text("from support.vllm_soak import SIZES\n")
+    (tmp_path / "tests" / "test_a.py").write_text("from bench.harness.z import q\nimport bench.x\n")
+    assert _bench_crossings(tmp_path, {"support", "kafka_fakes"}) == [
+        "bench/harness/z.py: import bench.report (a script)",
+        "bench/x.py: import support.fault_matrix (tests/)",
+        "bench/y.py: import kafka_fakes (tests/)",
+        "tests/test_a.py: import bench.x (a script)",
+    ]
+
+
+def test_the_product_never_imports_tests_or_bench() -> None:
+    """What the product ships imports neither tests/ (its helpers, tests/support) nor bench/."""
+    helpers = _test_helper_names()
+    crossings = []
     for package in PACKAGES:
         for rel, names in _modules(package).items():
-            crossings += [f"{rel}: import {n}" for n in sorted(names) if _under(n, "support")]
+            crossings += [
+                f"{rel}: import {n}"
+                for n in sorted(names)
+                if n.split(".")[0] in helpers or _under(n, "bench")
+            ]
     assert not crossings, "\n".join(crossings)
 
 

@@ -6,7 +6,7 @@ token authentication on), workers on the fake engine with a fixed cost per read:
 - steady load at about half the pool's capacity: no flapping;
 - the broker unreachable for longer than the scale-in window: no scale-in because of it.
 
-The scenario and its helpers are test support's (`tests/support/spike.py`; the benchmark
+The scenario and its helpers are the benchmark harness's (`bench/harness/spike.py`; the benchmark
 draws the spike's timeline, these tests only assert). Figures are printed (`pytest -s` shows them).
 """
 
@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.ray_cluster import pipeline_status, running_controller, timeline
-from support.spike import (
+
+from bench.harness.ray_cluster import pipeline_status, running_controller, timeline
+from bench.harness.spike import (
     COST_PER_READ_S,
     GPUS,
     MIN_REPLICAS,
@@ -33,8 +34,7 @@ from support.spike import (
     topology,
     unique,
 )
-from waiting import wait_for
-
+from bench.harness.waiting import wait_for
 from workers.kafka_settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
@@ -82,7 +82,7 @@ def test_spike_scales_out_to_the_cap_drains_and_returns_to_the_minimum(
 # ---------------------------------------------------------------------------- steady load
 
 # About half the pool's capacity at the cap: a worker answers about 12 requests/s at
-# 0.08 s per read (tests/support/spike.py), 8 of them about 95/s.
+# 0.08 s per read (bench/harness/spike.py), 8 of them about 95/s.
 STEADY_RATE = 45.0
 # A lower target than the spike's, so that the ramp reacts within a few polls.
 STEADY_TARGET_LAG = 100

@@ -21,11 +21,11 @@ import pytest
 import yaml
 from cli_runner import run_cli
 from secure_kafka import PASSWORD_ENV, WRONG_PASSWORD_ENV, SecureBroker
-from support.ray_cluster import describe_workers, pipeline_status, running_controller
-from support.spike import pipeline_io, request_value, topology, unique
-from waiting import wait_for
-from worker_helpers import OutputReader
 
+from bench.harness.pipeline import OutputReader
+from bench.harness.ray_cluster import describe_workers, pipeline_status, running_controller
+from bench.harness.spike import pipeline_io, request_value, topology, unique
+from bench.harness.waiting import wait_for
 from workers.actor import replica_prefix
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
@@ -36,7 +36,7 @@ def secure_ray(secure_broker: SecureBroker) -> Iterator[Any]:
     """One Ray node whose raylet (and so every actor it starts) has the passwords'
     variables, while its GCS and the other head processes do not: the variables leave this
     process's environment while the node starts (`env_vars` is the raylet's only)."""
-    from support.ray_cluster import ray_cluster
+    from bench.harness.ray_cluster import ray_cluster
 
     with contextlib.ExitStack() as stack:
         passwords = {k: os.environ.pop(k) for k in (PASSWORD_ENV, WRONG_PASSWORD_ENV)}

@@ -78,7 +78,8 @@ def test_cluster_fixture_starts_where_ray_never_ran_and_leaves_nothing(bare_tmp:
     finds this cluster there, never a leftover."""
     import ray
     from ray._private.services import find_bootstrap_address
-    from support.ray_cluster import ray_cluster
+
+    from bench.harness.ray_cluster import ray_cluster
 
     assert not (bare_tmp / "ray").exists()
     with ray_cluster([{"num_cpus": 1}]) as c:

@@ -25,8 +25,8 @@ from typing import Any
 
 import psutil
 import pytest
-from waiting import wait_for
 
+from bench.harness.waiting import wait_for
 from topology.local_ray import LOOPBACK_ONLY_ENV, loopback_only
 
 ROOT = Path(__file__).resolve().parents[2]

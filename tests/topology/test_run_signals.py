@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from support.ray_cluster import pipeline_status
-from support.spike import pipeline_io, request_value, topology, unique
-from waiting import wait_for
 
+from bench.harness.ray_cluster import pipeline_status
+from bench.harness.spike import pipeline_io, request_value, topology, unique
+from bench.harness.waiting import wait_for
 from workers.kafka_settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]

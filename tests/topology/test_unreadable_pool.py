@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 from support import segments
-from support.ray_cluster import pipeline_status, ray_cluster, running_controller, timeline
-from support.spike import pipeline_io, request_value, topology, unique
-from waiting import wait_for
 
+from bench.harness.ray_cluster import pipeline_status, ray_cluster, running_controller, timeline
+from bench.harness.spike import pipeline_io, request_value, topology, unique
+from bench.harness.waiting import wait_for
 from infra.kafka.broker import BrokerInfo
 from workers.actor import replica_prefix
 from workers.kafka_admin import ensure_topics

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import yaml
 from cli_runner import run_cli
-from support.ray_cluster import kill_workers, pipeline_status, timeline
-from support.spike import pipeline_io, request_value, topology, unique
-from waiting import wait_for
-from worker_helpers import count_duplicates
 
+from bench.harness.pipeline import count_duplicates
+from bench.harness.ray_cluster import kill_workers, pipeline_status, timeline
+from bench.harness.spike import pipeline_io, request_value, topology, unique
+from bench.harness.waiting import wait_for
 from workers.actor import replica_prefix
 from workers.kafka_settings import KafkaConnection
 

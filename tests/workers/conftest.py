@@ -1,5 +1,6 @@
 """Fixtures of the stream-worker tests: a test pipeline's topics, worker threads, and a local
-Ray cluster for the session. The helpers themselves live in `worker_helpers.py`."""
+Ray cluster for the session. The helpers themselves live in
+`bench/harness/pipeline.py` (the benchmarks drive the same pipelines)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from worker_helpers import INPUT_PARTITIONS, Pipeline, WorkerThread
 
+from bench.harness.pipeline import INPUT_PARTITIONS, Pipeline, WorkerThread
 from workers.kafka_settings import KafkaConnection
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.bombs import Send, byte_bomb, json_bomb, produce
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.bombs import Send, byte_bomb, json_bomb, produce
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.kafka_settings import KafkaConnection
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
-from waiting import wait_for
-from worker_helpers import OutputReader, Pipeline, WorkerThread
+
+from bench.harness.pipeline import OutputReader, Pipeline, WorkerThread
+from bench.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.broker]
 

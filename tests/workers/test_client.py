@@ -10,8 +10,8 @@ import threading
 from typing import Any
 
 import pytest
-from worker_helpers import Pipeline, WorkerThread
 
+from bench.harness.pipeline import Pipeline, WorkerThread
 from dgstream import ClassificationResult, Client, ErrorCode, RequestFailed, RequestInvalid
 
 pytestmark = [pytest.mark.broker]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
-from faults import set_topic_config
-from worker_helpers import OutputReader, Pipeline, WorkerThread
 
+from bench.harness.faults import set_topic_config
+from bench.harness.pipeline import OutputReader, Pipeline, WorkerThread
 from schemas import DeadLetter, ErrorCode
 from schemas.dead_letter import RAW_FORMAT
 

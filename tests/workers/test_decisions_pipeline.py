@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
-from waiting import wait_for
-from worker_helpers import INLINE, Pipeline, WorkerThread
 
+from bench.harness.pipeline import INLINE, Pipeline, WorkerThread
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.calibration import Calibration, QuestionCalibration, tempered
 

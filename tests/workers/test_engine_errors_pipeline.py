@@ -23,10 +23,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, classifier_with
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, check_results, count_duplicates, request_bytes
 
+from bench.harness.faults import DELIVERIES, classifier_with
+from bench.harness.pipeline import (
+    Pipeline,
+    WorkerThread,
+    check_results,
+    count_duplicates,
+    request_bytes,
+)
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.engine.types import Read, ReadResult, RecoverableEngineError
 

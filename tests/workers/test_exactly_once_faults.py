@@ -10,10 +10,18 @@ import threading
 from typing import Any
 
 import pytest
-from faults import GateEngine, LogTap, classifier_with, kick_member, kick_worker, member_ids
-from faults import transaction_state as txn_state
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, count_duplicates
+
+from bench.harness.faults import (
+    GateEngine,
+    LogTap,
+    classifier_with,
+    kick_member,
+    kick_worker,
+    member_ids,
+)
+from bench.harness.faults import transaction_state as txn_state
+from bench.harness.pipeline import Pipeline, WorkerThread, count_duplicates
+from bench.harness.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 

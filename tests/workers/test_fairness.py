@@ -17,8 +17,8 @@ import json
 from typing import Any
 
 import pytest
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from workers.stream.intake import FAIR_TURN_BATCHES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

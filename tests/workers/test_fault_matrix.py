@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.fault_matrix import DELIVERIES, FAULTS, Brokers, Size, run_cell, running_brokers
+
+from bench.harness.fault_matrix import DELIVERIES, FAULTS, Brokers, Size, run_cell, running_brokers
 
 pytestmark = pytest.mark.broker
 

@@ -18,9 +18,15 @@ from typing import Any
 import pytest
 from support import segments
 from support.field_clients import CODECS, Record, console_produce, finish, librdkafka_produce
-from waiting import wait_for
-from worker_helpers import OutputReader, Pipeline, WorkerThread, check_results, request_bytes
 
+from bench.harness.pipeline import (
+    OutputReader,
+    Pipeline,
+    WorkerThread,
+    check_results,
+    request_bytes,
+)
+from bench.harness.waiting import wait_for
 from infra.kafka.broker import BrokerInfo
 from infra.kafka.broker.process import find_java
 from workers.kafka_admin import ensure_topics

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from schemas import DeadLetter, ErrorCode, RequestError
 from schemas.headers import HeaderKey, java_text
 from workers.kafka_quirks import install

@@ -21,11 +21,11 @@ import random
 from typing import Any
 
 import pytest
-from faults import DELIVERIES
-from support.bombs import Send, byte_bomb, json_bomb, produce
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.bombs import Send, byte_bomb, json_bomb, produce
+from bench.harness.faults import DELIVERIES
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from schemas.headers import HeaderKey
 from workers.kafka_admin import ensure_topics

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, DownEngine, classifier_with, delete_topic
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, check_results, count_duplicates
 
+from bench.harness.faults import DELIVERIES, DownEngine, classifier_with, delete_topic
+from bench.harness.pipeline import Pipeline, WorkerThread, check_results, count_duplicates
+from bench.harness.waiting import wait_for
 from workers.engine.types import RecoverableEngineError
 from workers.worker import WorkerFailed
 

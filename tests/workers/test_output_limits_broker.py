@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, LogTap
 from kafka.errors import MessageSizeTooLargeError
 from kafka.record.default_records import DefaultRecordBatchBuilder as Builder
 from kafka.record.util import size_of_varint
-from waiting import wait_for
-from worker_helpers import INLINE, Pipeline, WorkerThread
 
+from bench.harness.faults import DELIVERIES, LogTap
+from bench.harness.pipeline import INLINE, Pipeline, WorkerThread
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.kafka_admin import ensure_topics
 from workers.records import key_digest
@@ -454,7 +454,7 @@ def test_records_at_a_smaller_topics_limit_are_each_answered_once(
     """The output and dead-letter topics take SMALL bytes: results at it either side, dead
     letters in each form (the raw one at its limit either side), a result that fits no
     topic it may go to (OUTPUT_TOO_LARGE, once)."""
-    from faults import set_topic_config
+    from bench.harness.faults import set_topic_config
 
     small = {"max.message.bytes": str(SMALL)}
     set_topic_config(pipeline.conn, pipeline.output, small)

@@ -10,10 +10,10 @@ import json
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, set_topic_config
-from waiting import wait_for
-from worker_helpers import INLINE, Pipeline, WorkerThread, count_duplicates
 
+from bench.harness.faults import DELIVERIES, set_topic_config
+from bench.harness.pipeline import INLINE, Pipeline, WorkerThread, count_duplicates
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.kafka_admin import ensure_topics
 

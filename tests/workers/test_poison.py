@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, CrashOn, classifier_with
 from kafka.errors import KafkaError
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, count_duplicates, request_bytes
 
+from bench.harness.faults import DELIVERIES, CrashOn, classifier_with
+from bench.harness.pipeline import Pipeline, WorkerThread, count_duplicates, request_bytes
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.worker import WorkerFailed
 
 pytestmark = pytest.mark.broker
 
-WORKER_PROCESS = Path(__file__).with_name("worker_process.py")
 ROOT = Path(__file__).resolve().parents[2]
+WORKER_PROCESS = ROOT / "bench" / "harness" / "worker_process.py"
 # suspect_after + poison_after with the defaults (PoisonTuning), and two to spare: a
 # crash of an incarnation that had not yet counted its start on the record's partition
 # (the group still rebalancing away from the dead one) counts nothing.

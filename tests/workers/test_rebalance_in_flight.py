@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from faults import DELIVERIES, LogTap, SlowEngine, classifier_with
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, count_duplicates
+
+from bench.harness.faults import DELIVERIES, LogTap, SlowEngine, classifier_with
+from bench.harness.pipeline import Pipeline, WorkerThread, count_duplicates
+from bench.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

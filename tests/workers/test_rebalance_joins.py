@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 import pytest
-from faults import LogTap
-from waiting import wait_for
-from worker_helpers import INPUT_PARTITIONS, Pipeline, WorkerThread
+
+from bench.harness.faults import LogTap
+from bench.harness.pipeline import INPUT_PARTITIONS, Pipeline, WorkerThread
+from bench.harness.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from support.registry_stub import RegistryStub
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter
 from schemas.framing import frame, unframe
 

@@ -3,7 +3,7 @@
 
 On a fake clock: the progress clock's rules (when a partition counts from, what resets it,
 what excuses it, the consumer that stops polling). On a real broker: an engine that blocks
-(tests/faults.py GateEngine) stalls the worker within the window and it recovers when the
+(bench/harness/faults.py GateEngine) stalls the worker within the window and it recovers when the
 gate opens; an outage's backoff, transaction markers and a transaction still open upstream
 (backlog the consumer is never given) never read as a stall.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from faults import DownEngine, GateEngine, LogTap, classifier_with
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.faults import DownEngine, GateEngine, LogTap, classifier_with
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.harness.waiting import wait_for
 from workers.metrics import WORKER_STATES, WorkerMetrics
 from workers.status import ProgressClock, ReplicaReport, Stall
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from cli_runner import run_cli
 from secure_kafka import WRONG_PASSWORD_ENV, SecureBroker
-from worker_helpers import INLINE, Pipeline, WorkerThread
 
+from bench.harness.pipeline import INLINE, Pipeline, WorkerThread
 from dgstream import Client, KafkaConnectError, RequestFailed
 from workers.kafka_admin import ensure_topics
 from workers.kafka_probe import check_connection

@@ -7,8 +7,9 @@ see no work that is not there. Both delivery modes, a real broker."""
 from __future__ import annotations
 
 import pytest
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, request_bytes
+
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.harness.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 

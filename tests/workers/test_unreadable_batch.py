@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from support import segments
-from waiting import wait_for
-from worker_helpers import Pipeline, WorkerThread, request_bytes
 
+from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
+from bench.harness.waiting import wait_for
 from infra.kafka.broker import BrokerInfo
 from workers.poll_errors import UnreadableBatch
 

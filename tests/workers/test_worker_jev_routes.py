@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from worker_helpers import Pipeline, WorkerThread
 
+from bench.harness.pipeline import Pipeline, WorkerThread
 from schemas import ClassificationResult, record_id
 from workers.engine.factory import EngineSettings, build_classifier
 from workers.kafka_admin import ensure_topics

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_helpers import Pipeline
+
+from bench.harness.pipeline import Pipeline
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from waiting import wait_for
-from worker_helpers import (
+
+from bench.harness.pipeline import (
     INLINE,
     Pipeline,
     WorkerThread,
@@ -20,7 +20,7 @@ from worker_helpers import (
     count_duplicates,
     request_bytes,
 )
-
+from bench.harness.waiting import wait_for
 from schemas import DeadLetter, ErrorCode
 from workers.engine.factory import EngineSettings, build_classifier
 from workers.engine.types import (

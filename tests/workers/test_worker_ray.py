@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from demo_model_bar import assert_bar_met, assert_miswiring_caught
-from waiting import wait_for
-from worker_helpers import INPUT_PARTITIONS, Pipeline, check_results, count_duplicates
 
+from bench.harness.pipeline import INPUT_PARTITIONS, Pipeline, check_results, count_duplicates
+from bench.harness.waiting import wait_for
 from workers.engine.factory import EngineSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
@@ -210,8 +210,7 @@ def test_trained_model_end_to_end_accuracy(ray_cluster: Any, pipeline: Pipeline)
     """The demo-model check through Kafka -> Ray worker -> Kafka, results matched to their
     requests by id: every kind at the bar and the ECE within the ceiling, and mis-wired
     results (labels swapped, results shifted by one request) fail it."""
-    from support.miswire import miswire_shift_results, miswire_swap_labels
-
+    from bench.harness.miswire import miswire_shift_results, miswire_swap_labels
     from topology import demo_tasks
 
     examples = demo_tasks.held_out_examples(1, 200)

@@ -37,7 +37,7 @@ class Shared:
     """The consumer thread's bookkeeping, which the listener also touches (under `lock`).
 
     `log` is read at each use, not kept: a test may wrap the worker's logger after the
-    roles were built (tests/faults.py, `LogTap`)."""
+    roles were built (bench/harness/faults.py, `LogTap`)."""
 
     def __init__(self, settings: WorkerSettings, log: Any, metrics: WorkerMetrics) -> None:
         self.settings = settings

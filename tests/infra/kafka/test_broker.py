@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, OffsetSpec, TopicPartition
-from waiting import wait_for
 
+from bench.harness.waiting import wait_for
 from infra.kafka import broker
 from infra.kafka.broker import BrokerInfo
 from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known, total_lag

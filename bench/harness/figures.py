@@ -14,7 +14,7 @@ and anywhere else (README.md, docs/*.md) it is quoted as `NAME/KEY`:
 value into its quotes; `problems()` lists the quotes that differ from their definition or
 name none, and the definitions named twice. `bench/report.write_section` fills the quotes
 after it writes a section, so a benchmark run updates both; `figure(KEY, value)` is how a
-renderer marks one. By hand: `python tests/support/figures.py [--check]`.
+renderer marks one. By hand: `python -m bench.harness.figures [--check]`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def problems(root: Path = ROOT) -> list[str]:
             elif value != defs[key]:
                 out.append(
                     f"{rel}:{line}: figure {key} is {value!r}, docs/benchmarks.md has "
-                    f"{defs[key]!r} (python tests/support/figures.py fills it)"
+                    f"{defs[key]!r} (python -m bench.harness.figures fills it)"
                 )
         for m in _FIGURE.finditer(text):
             if "/" not in m.group(1):

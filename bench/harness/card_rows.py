@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from support.figures import figure
+from bench.harness.figures import figure
 
 __all__ = [
     "SCHEDULING_COMMAND",
@@ -77,7 +77,7 @@ def in_flight_depths(spec: str | int) -> list[int]:
 async def measure(
     engine: Any, args: argparse.Namespace, vocab: int, peak: Any = None, seed: int = 0
 ) -> list[dict[str, Any]]:
-    from support.reads import make_reads
+    from bench.harness.reads import make_reads
 
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
@@ -159,7 +159,7 @@ async def probe(engine: Any, args: argparse.Namespace, vocab: int) -> list[list[
     """Every slot's label probabilities for the same reads in every run (a fixed seed,
     apart from the rows' own), so two engine settings' answers can be held side by side
     (`probe_agreement`)."""
-    from support.reads import make_reads
+    from bench.harness.reads import make_reads
 
     rng = random.Random(7)
     half = PROBE_READS // 2

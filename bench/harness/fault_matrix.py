@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from faults import CrashOn, FlakyEngine, GateEngine, SlowEngine, delete_topic
-from worker_helpers import (
+from bench.harness.faults import CrashOn, FlakyEngine, GateEngine, SlowEngine, delete_topic
+from bench.harness.pipeline import (
     INPUT_PARTITIONS,
     OutputReader,
     Pipeline,
     request_bytes,
 )
-
 from infra.kafka import broker
 from infra.kafka.broker import BrokerInfo
 from workers.kafka_settings import KafkaConnection
@@ -39,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BrokerKind = Literal["single", "cluster"]
 BROKERS: tuple[BrokerKind, ...] = ("single", "cluster")
 DELIVERIES = ("at_least_once", "exactly_once")
-WORKER_PROCESS = ROOT / "tests" / "workers" / "worker_process.py"
+WORKER_PROCESS = Path(__file__).with_name("worker_process.py")
 
 # Small initial heaps: the matrix runs four brokers at most (one single, a cluster of
 # three) on a shared machine. The maximum stays the project's default, 512 MB: with 256 MB
@@ -173,7 +172,7 @@ class ThreadReplica:
 
 
 class ProcessReplica:
-    """One incarnation of a replica in a process of its own (tests/workers/worker_process.py),
+    """One incarnation of a replica in a process of its own (bench/harness/worker_process.py),
     for the faults that hit a process: kill -9, SIGSTOP. Its log goes to `log_path`."""
 
     def __init__(self, slot: int, settings: Any, log_path: Path) -> None:

@@ -15,10 +15,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from waiting import wait_for
-from worker_helpers import INLINE, OutputReader, Pipeline, count_duplicates
-
-from support.ray_cluster import NAMESPACE, pipeline_status, running_controller, timeline
+from bench.harness.pipeline import INLINE, OutputReader, Pipeline, count_duplicates
+from bench.harness.ray_cluster import NAMESPACE, pipeline_status, running_controller, timeline
+from bench.harness.waiting import wait_for
 from workers.kafka_settings import KafkaConnection
 
 # ---------------------------------------------------------------------------- the scenario

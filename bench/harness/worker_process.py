@@ -1,5 +1,5 @@
 """One StreamWorker in a process of its own, for tests that need a worker process to die
-(crash, kill -9, SIGSTOP): `python worker_process.py SETTINGS_JSON [ENGINE]`.
+(crash, kill -9, SIGSTOP): `python bench/harness/worker_process.py SETTINGS_JSON [ENGINE]`.
 
 ENGINE: "fake" (the default), or "exit-on:PREFIX:CODE" (the process exits with CODE the
 moment the engine reads a request whose id starts with PREFIX). Exits 0 after a drain on
@@ -13,13 +13,10 @@ import sys
 import threading
 from pathlib import Path
 
-# The repository first, then tests/ (faults, waiting): run as a file, this process has no
-# repository on its path, and tests/workers/ would stand in for the `workers` package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Run as a file, this process has the repository (bench.harness, the packages) on its path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from faults import CrashOn, classifier_with
-
+from bench.harness.faults import CrashOn, classifier_with
 from workers.settings import WorkerSettings
 from workers.worker import StreamWorker, WorkerFailed
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from waiting import wait_for
 
+from bench.harness.waiting import wait_for
 from workers.kafka_settings import KafkaConnection
 
 # The question set the pipelines know; requests name it or carry inline questions.

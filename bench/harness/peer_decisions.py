@@ -38,7 +38,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from support.figures import figure
+from bench.harness.figures import figure
 
 # DiffusionGemma's chat markers (Gemma 4's): vLLM's DiffusionGemmaCanvasStrategy ends every
 # canvas with "<turn|>" and opens an empty "<|channel>thought\n<channel|>" after the prompt;

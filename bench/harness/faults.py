@@ -16,8 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from waiting import wait_for
-
+from bench.harness.waiting import wait_for
 from workers.kafka_settings import KafkaConnection
 
 DELIVERIES = ["at_least_once", "exactly_once"]
