@@ -3,13 +3,15 @@
 Round one (`vllm_session.sh engines`, at 15% of the SMs, the step watch on) runs the same
 reads on engines that differ in one thing each: `ctl` the product's defaults, `eager` no
 torch.compile and no CUDA graphs, `emu` vLLM's emulated NVFP4 kernels in place of Humming's
-(dequantised to bf16), and on a GPU with room for five, `nocg` compiled without graphs and
+(dequantised to bf16), and on a GPU with room for five, `two` vLLM's two steps a read (no
+one-step reads, whose attention ranges are the read path's own) and
 `nocombo` compiled without Inductor's combo kernels (horizontal fusion, whose variants
 Inductor picks by timing them on the GPU at hand). This prints the second round's engine
 specs (shell words) and, on stderr, what round one showed:
 
 - `ctl` passed: the failure did not reproduce; push harder (10% of the SMs, four in flight).
-- `nocombo` passed, `ctl` failed: the fix candidate, soaked at 15%, 25% and the whole GPU.
+- `nocombo` passed, `ctl` failed: the fix candidate, soaked at 15%, 25% and the whole GPU;
+  `two` passed: the same with two steps a read.
 - `eager` passed: torch.compile or the graphs (`nocg` says which); round two tries
   Inductor's choices that depend on the GPU one at a time (`DGSTREAM_DEBUG_INDUCTOR`), or
   the graph modes.
@@ -78,6 +80,16 @@ def pick(runs: dict[str, dict[str, Any] | None], room: int) -> tuple[str, list[s
             spec("ctl25", 25, {}),
         ]
         return f"Inductor's combo kernels ({why})", specs[:room]
+    if f.get("two") == 0:
+        # The one-step reads' attention ranges: vLLM's two steps, soaked as the workaround.
+        knobs = {"one_step_reads": False}
+        specs = [
+            spec("two15", 15, knobs, args=SOAK),
+            spec("two25", 25, knobs, args=SOAK),
+            spec("tworef", 100, knobs, args=SOAK),
+            spec("ctl25", 25, {}),
+        ]
+        return f"the one-step reads ({why})", specs[:room]
     if f.get("eager") == 0:
         specs = [
             spec("nosplit", 15, {}, env="DGSTREAM_DEBUG_INDUCTOR=split_reductions=false"),
@@ -141,7 +153,7 @@ def room() -> int:
 
 def main() -> int:
     folder = Path(sys.argv[1])
-    names = ("ctl", "eager", "emu", "nocg", "nocombo")
+    names = ("ctl", "eager", "emu", "two", "nocombo")
     runs = {
         n: _load(folder / f"soak_{n}.json") for n in names if (folder / f"soak_{n}.log").exists()
     }

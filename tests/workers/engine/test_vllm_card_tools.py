@@ -137,6 +137,9 @@ def test_the_fix_candidate_is_soaked_beside_a_reference_at_full_speed() -> None:
     assert all("combo_kernels=false" in p[2] for p in parts[:3])
     got, specs = next_round.pick({**runs, "nocombo": _run(2), "nocg": _run(0)}, 5)
     assert got.startswith("CUDA graphs")
+    got, specs = next_round.pick({**runs, "nocombo": _run(2), "two": _run(0)}, 5)
+    assert got.startswith("the one-step reads")
+    assert '"one_step_reads":false' in specs[0]
 
 
 def test_a_run_that_never_served_is_not_a_pass() -> None:
