@@ -24,13 +24,17 @@ specs (shell words) and, on stderr, what round one showed:
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-BASE = "--sizes 32 --phases plain:60 --budget-s 400"
+# Seconds from an engine's process start to its last new batch: what a device call leaves
+# round two (NEXT_BUDGET_S; the engines start warm, from round one's kernel caches).
+BUDGET_S = int(os.environ.get("NEXT_BUDGET_S", "400"))
+BASE = f"--sizes 32 --phases plain:60 --budget-s {BUDGET_S}"
 UTIL = {"gpu_memory_utilization": 0.86}
 
 
@@ -56,7 +60,7 @@ def spec(name: str, pct: int, knobs: dict[str, Any], env: str = "", args: str = 
     return f"{name}:{pct}:{env}:{args} --settings {settings}"
 
 
-SOAK = "--budget-s 420"
+SOAK = f"--budget-s {BUDGET_S}"
 
 
 def pick(runs: dict[str, dict[str, Any] | None], room: int) -> tuple[str, list[str]]:
