@@ -52,7 +52,11 @@ class ErrorCode(StrEnum):
       Kafka topic name), INVALID_METADATA (not an object, or nested too deeply to echo back),
       INVALID_VALUE (any other value the schema refuses: e.g. a JSON state, instructions or
       description nested more than 64 deep; a `model` empty, over 128 characters or with
-      control characters).
+      control characters). STATE_AND_INPUT (a body gives both `state` and OpenAI
+      moderation's `input`, whose text parts are the state), TOO_MANY_IMAGES (more than 8
+      images in all: `images`, `input`'s image parts and Jev's `assets`), INVALID_IMAGE_SOURCE
+      (an image that is neither a base64 data URL of an image/* type nor an http(s) URL with a
+      host and no user name; a Jev asset without data_base64, or with a multipart `part`).
 
     Graph (how questions refer to each other):
       UNKNOWN_DEPENDENCY (depends_on / ask_if names a question not in the request),
@@ -65,6 +69,24 @@ class ErrorCode(StrEnum):
       label is not one token), LABEL_POSITION_MISMATCH (labels do not land at the same template
       position), DUPLICATE_LABEL_TOKEN (two labels of a question share a token),
       TEMPLATE_TOO_LONG (a question's answer template does not fit the canvas).
+
+    Images (the worker's checks of each image's bytes, after parsing; workers.images):
+      IMAGE_UNREADABLE (not an image in a format the worker reads: PNG, JPEG, GIF, WebP,
+      BMP; or its EXIF block cannot be read), IMAGE_TRUNCATED (the file ends before its
+      pixels do), IMAGE_TOO_LARGE (more pixels than images.max_pixels, read from the header
+      before any decoding: a decompression bomb; or more bytes than images.max_image_bytes),
+      IMAGE_URL_NOT_ALLOWED (a URL while fetching is off, outside images.fetch_allow, a
+      redirect off the list, or a host that resolves to a private, loopback or link-local
+      address the list does not name), IMAGE_FETCH_FAILED (the server refused or answered
+      other than 200, too many redirects, the connection failed), IMAGE_FETCH_TIMEOUT (the
+      fetch took longer than images.fetch_timeout_s, however slowly the bytes came),
+      IMAGE_WRONG_CONTENT_TYPE (the server's Content-Type is not image/*).
+
+    Inputs the engine does not read (the request is valid; answering from its text alone
+    would be a silently wrong answer):
+      IMAGES_NOT_READ (the request carries images, all valid, and the pipeline's engine reads
+      no images: `EngineInfo.reads_images`), INSTRUCTIONS_NOT_READ (request-level
+      `instructions`, which the prompt does not place yet).
 
     Engine:
       ENGINE_FAILED (the engine could not answer; the request itself may be fine),
@@ -124,6 +146,9 @@ class ErrorCode(StrEnum):
     INVALID_REPLY_TOPIC = "INVALID_REPLY_TOPIC"
     INVALID_METADATA = "INVALID_METADATA"
     INVALID_VALUE = "INVALID_VALUE"
+    STATE_AND_INPUT = "STATE_AND_INPUT"
+    TOO_MANY_IMAGES = "TOO_MANY_IMAGES"
+    INVALID_IMAGE_SOURCE = "INVALID_IMAGE_SOURCE"
     # graph
     UNKNOWN_DEPENDENCY = "UNKNOWN_DEPENDENCY"
     DEPENDENCY_CYCLE = "DEPENDENCY_CYCLE"
@@ -134,6 +159,17 @@ class ErrorCode(StrEnum):
     LABEL_POSITION_MISMATCH = "LABEL_POSITION_MISMATCH"
     DUPLICATE_LABEL_TOKEN = "DUPLICATE_LABEL_TOKEN"
     TEMPLATE_TOO_LONG = "TEMPLATE_TOO_LONG"
+    # images
+    IMAGE_UNREADABLE = "IMAGE_UNREADABLE"
+    IMAGE_TRUNCATED = "IMAGE_TRUNCATED"
+    IMAGE_TOO_LARGE = "IMAGE_TOO_LARGE"
+    IMAGE_URL_NOT_ALLOWED = "IMAGE_URL_NOT_ALLOWED"
+    IMAGE_FETCH_FAILED = "IMAGE_FETCH_FAILED"
+    IMAGE_FETCH_TIMEOUT = "IMAGE_FETCH_TIMEOUT"
+    IMAGE_WRONG_CONTENT_TYPE = "IMAGE_WRONG_CONTENT_TYPE"
+    # inputs the engine does not read
+    IMAGES_NOT_READ = "IMAGES_NOT_READ"
+    INSTRUCTIONS_NOT_READ = "INSTRUCTIONS_NOT_READ"
     # engine
     ENGINE_FAILED = "ENGINE_FAILED"
     POISON = "POISON"

@@ -475,6 +475,10 @@ _RULES: tuple[_Rule, ...] = (
     (("auto_threshold",), None, ErrorCode.INVALID_AUTO_OPTIONS),
     (("auto_max",), None, ErrorCode.INVALID_AUTO_OPTIONS),
     (("reply_topic",), None, ErrorCode.INVALID_REPLY_TOPIC),
+    (("instructions",), frozenset({"string_too_long"}), ErrorCode.INSTRUCTIONS_TOO_LONG),
+    (("instructions",), None, ErrorCode.EMPTY_INSTRUCTIONS),
+    (("images",), frozenset({"too_long"}), ErrorCode.TOO_MANY_IMAGES),
+    (("assets",), frozenset({"too_short"}), ErrorCode.INVALID_IMAGE_SOURCE),
 )
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     BeforeValidator,
+    ConfigDict,
     Field,
     PrivateAttr,
     StringConstraints,
@@ -27,6 +28,7 @@ from schemas._version import SchemaVersion
 from schemas.cloudevents import EventRef
 from schemas.content import CONTENT_SCHEMA, NULL_LEVEL_NAME, Content, json_depth, to_text
 from schemas.errors import ErrorCode, RequestRejected
+from schemas.images import MAX_IMAGES, ImagePart, ImageRef, InputPart, JevAsset, check_reference
 from schemas.names import (
     QUESTION_ID_PATTERN,
     TOPIC_PATTERN,
@@ -404,8 +406,32 @@ def _limits(info: ValidationInfo) -> Any:
     return info.context.get(LIMITS_CTX) if isinstance(info.context, dict) else None
 
 
+def _input_text(value: Any) -> Any:
+    """The state an OpenAI moderation `input` stands for: the string, or its text parts
+    joined by newlines ("" for images alone). A malformed `input` gives "" here and is
+    reported by its own field's check."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        return ""
+    texts = [
+        p["text"]
+        for p in value
+        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    ]
+    return "\n".join(texts)
+
+
+def _state_or_input(schema: dict[str, Any]) -> None:
+    """Published schema: `state`, or OpenAI moderation's `input` in its place."""
+    schema["required"] = [f for f in schema.get("required", []) if f != "state"]
+    schema["oneOf"] = [{"required": ["state"]}, {"required": ["input"]}]
+
+
 class ClassificationRequest(RequestModel):
     """One request: answer `questions` (or the configured `question_set`) about `state`."""
+
+    model_config = ConfigDict(json_schema_extra=_state_or_input)
 
     schema_version: SchemaVersion = 1
     id: str = Field(
@@ -481,10 +507,38 @@ class ClassificationRequest(RequestModel):
         default_factory=dict,
         description="Anything; echoed untouched in the result (nesting depth at most 64).",
     )
+    instructions: _Instructions | None = Field(
+        default=None,
+        description="Context placed ahead of the questions (vLLM's request-level "
+        "instructions): text, or JSON read as its text; at most 2000 characters, not blank. "
+        "Refused with INSTRUCTIONS_NOT_READ until the pipeline's prompt places it.",
+    )
+    images: list[str] | None = Field(
+        default=None,
+        max_length=MAX_IMAGES,
+        description="Images beside the state (vLLM's and openjev's shape): each an http(s) "
+        "URL (fetched only where the pipeline allows it) or a data URL "
+        "(data:image/<type>;base64,...). At most 8 in all, with input's and assets' images. "
+        "Refused with IMAGES_NOT_READ until the pipeline's engine reads images.",
+    )
+    input: str | list[Annotated[InputPart, Field(discriminator="type")]] | None = Field(
+        default=None,
+        description="OpenAI moderation's input, in place of state: text, or parts "
+        '{"type": "text", "text"} (joined by newlines, they are the state) and '
+        '{"type": "image_url", "image_url": {"url"}} (images, as in images).',
+    )
+    assets: dict[str, JevAsset] | None = Field(
+        default=None,
+        min_length=1,
+        description="Jev's image assets: placeholder -> {type: image, format, data_base64}. "
+        "Jev's multipart part has no Kafka equivalent and is refused.",
+    )
     # Not a field: set by `parse_request` when the id came from the record.
     _id_source: IdSource = PrivateAttr(default="request")
     # Not a field: set by `parse_request` for a request that came as a structured CloudEvent.
     _event: EventRef | None = PrivateAttr(default=None)
+    # Not a field: the images' references, read once (`image_refs`).
+    _image_refs: tuple[ImageRef, ...] | None = PrivateAttr(default=None)
 
     @property
     def id_source(self) -> IdSource:
@@ -496,6 +550,58 @@ class ClassificationRequest(RequestModel):
     def event(self) -> EventRef | None:
         """The structured-mode CloudEvent this request came in, or None."""
         return self._event
+
+    @model_validator(mode="before")
+    @classmethod
+    def _state_from_input(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("input") is None:
+            return data  # a null input (our own dump of a request) is no input
+        if "state" in data:
+            raise fail(
+                ErrorCode.STATE_AND_INPUT,
+                "give state or input (OpenAI moderation's, whose text is the state), not both",
+                "input",
+            )
+        return {**data, "state": _input_text(data["input"])}
+
+    @field_validator("instructions")
+    @classmethod
+    def _request_instructions_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise fail(ErrorCode.EMPTY_INSTRUCTIONS, "instructions are blank")
+        return value
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input_parts(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                if not isinstance(part, dict):
+                    raise fail(
+                        ErrorCode.WRONG_TYPE,
+                        f"input parts are objects, got {json_type(part)}: OpenAI's list of "
+                        "several inputs has no place here (one request is one input)",
+                        f"input.{i}",
+                    )
+        return value
+
+    @property
+    def image_refs(self) -> tuple[ImageRef, ...]:
+        """Every image of the request, in order: `images`, `input`'s image parts, `assets`."""
+        if self._image_refs is None:
+            self._image_refs = self._read_image_refs()
+        return self._image_refs
+
+    def _read_image_refs(self) -> tuple[ImageRef, ...]:
+        refs = [check_reference(u, f"images.{i}") for i, u in enumerate(self.images or ())]
+        if isinstance(self.input, list):
+            refs += [
+                check_reference(p.image_url.url, f"input.{i}.image_url.url")
+                for i, p in enumerate(self.input)
+                if isinstance(p, ImagePart)
+            ]
+        refs += [a.reference(f"assets.{k}") for k, a in (self.assets or {}).items()]
+        return tuple(refs)
 
     @field_validator("state")
     @classmethod
@@ -587,6 +693,15 @@ class ClassificationRequest(RequestModel):
             problem = _graph_problem(self.questions)
             if problem is not None:
                 raise fail(problem.code, problem.text, problem.field)
+        if self.images is not None or self.input is not None or self.assets is not None:
+            refs = self.image_refs  # each reference checked (INVALID_IMAGE_SOURCE)
+            if len(refs) > MAX_IMAGES:
+                raise fail(
+                    ErrorCode.TOO_MANY_IMAGES,
+                    f"{len(refs)} images in all (images, input, assets); at most "
+                    f"{MAX_IMAGES} are allowed",
+                    "images",
+                )
         return self
 
     def stages(self) -> list[list[str]]:

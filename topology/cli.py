@@ -75,6 +75,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
 
     from schemas import ClassificationResult, RequestError, parse_request
     from workers.engine.factory import EngineSettings, build_classifier
+    from workers.images import ImageSettings, InputGate
 
     raw = (args.request if args.request is not None else sys.stdin.read()).encode()
     parsed = parse_request(raw, fallback_id=_ask_id(raw))
@@ -82,7 +83,15 @@ def _cmd_ask(args: argparse.Namespace) -> int:
         print(json.dumps({"error": parsed.model_dump(mode="json")}, indent=2))
         return 2
     settings = EngineSettings(backend=args.backend, model=args.model, device=args.device)
-    (result,) = asyncio.run(build_classifier(settings, worker="ask").classify([parsed]))
+    classifier = build_classifier(settings, worker="ask")
+    # Images or request-level instructions the engine would not read: refused, as the
+    # worker refuses them (no fetching here: `ask` has no topology).
+    gate = InputGate(ImageSettings(), classifier.engine.info)
+    refused = asyncio.run(gate.refusals([parsed]))
+    if refused:
+        print(json.dumps({"error": refused[0].model_dump(mode="json")}, indent=2))
+        return 2
+    (result,) = asyncio.run(classifier.classify([parsed]))
     if not isinstance(result, ClassificationResult):
         print(json.dumps({"error": result.model_dump(mode="json")}, indent=2))
         return 2

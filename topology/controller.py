@@ -244,6 +244,7 @@ class PipelineRunner:
             group_id=s.consumer_group,
             kafka=self.connection,
             engine=s.engine,
+            images=s.images,
             question_sets=self.topology.question_sets_for(s),
             batching=s.batching,
             delivery=s.delivery,

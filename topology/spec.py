@@ -30,6 +30,7 @@ from schemas.names import TOPIC_PATTERN
 from schemas.request import QUESTION_TYPES
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
+from workers.images.settings import ImageSettings
 from workers.kafka_settings import KafkaConnection
 from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
@@ -138,6 +139,9 @@ class PipelineSpec(OutputFields, _Frozen):
     topics: TopicSpec = Field(default_factory=TopicSpec)
     question_sets: list[str] = Field(default_factory=list)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    # A request's images: limits, and URL fetching (off unless `fetch_allow` names
+    # prefixes; docs/images.md).
+    images: ImageSettings = Field(default_factory=ImageSettings)
     batching: Batching = Field(default_factory=Batching)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)

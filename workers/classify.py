@@ -26,6 +26,7 @@ from workers.engine.types import (
     ReadRejected,
     RecoverableEngineError,
 )
+from workers.images import InputGate
 from workers.outage import Outage
 
 __all__ = ["PROBE", "BatchClassifier"]
@@ -57,8 +58,10 @@ class BatchClassifier:
         log: Any,
         *,
         trace_ids: dict[str, str] | None = None,
+        gate: InputGate | None = None,
     ) -> None:
         self._classifier = classifier
+        self._gate = gate
         self._trace_ids = trace_ids or {}
         self._retries = retries
         self._backoff_s = backoff_s
@@ -68,7 +71,16 @@ class BatchClassifier:
 
     async def classify(self, requests: Sequence[ClassificationRequest]) -> list[Outcome]:
         self.calls, self._answered = 0, False
-        return await self._solve(requests, whole=True)
+        if self._gate is None:
+            return await self._solve(requests, whole=True)
+        # Requests whose images (or request-level instructions) the engine would not read
+        # are refused here; the others go to the engine as before, in order.
+        refused = await self._gate.refusals(requests)
+        if not refused:
+            return await self._solve(requests, whole=True)
+        rest = [r for i, r in enumerate(requests) if i not in refused]
+        answered = iter(await self._solve(rest, whole=True) if rest else [])
+        return [refused[i] if i in refused else next(answered) for i in range(len(requests))]
 
     async def _solve(self, sub: Sequence[ClassificationRequest], whole: bool) -> list[Outcome]:
         tries = 1 + self._retries if (whole or len(sub) == 1) else 1

@@ -23,6 +23,7 @@ from schemas.formats import OutputFields
 from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
+from workers.images.settings import ImageSettings
 from workers.kafka_settings import KafkaConnection
 from workers.registry import RegistrySettings
 from workers.routes import Route, check_routes
@@ -225,6 +226,8 @@ class WorkerSettings(OutputFields, _Frozen):
     # rebalance while Ray restarts it) under the instance id `group_instance_id`.
     static_membership: bool = False
     parse_limits: ParseLimits = DEFAULT_LIMITS
+    # A request's images: limits, and URL fetching (off by default; docs/images.md).
+    images: ImageSettings = Field(default_factory=ImageSettings)
     replica: int = Field(default=0, ge=0)
     # Default: "<deployment>.<pipeline>-<replica>". Goes into logs, metrics, result headers and
     # diagnostics, dead letters and the Kafka client id.

@@ -531,6 +531,20 @@ BAD = [
         E.DUPLICATE_LEVEL,
         "questions.sev.criteria",
     ),
+    # images beside the state (tests/workers/images: what the worker checks of their bytes)
+    _bad("state-and-input", request(input="x"), E.STATE_AND_INPUT, "input"),
+    _bad(
+        "too-many-images",
+        request(images=["https://example.com/a.png"] * 9),
+        E.TOO_MANY_IMAGES,
+        "images",
+    ),
+    _bad(
+        "image-not-a-url",
+        request(images=["ftp://example.com/a"]),
+        E.INVALID_IMAGE_SOURCE,
+        "images.0",
+    ),
 ]
 
 
@@ -570,6 +584,16 @@ def test_table_is_large_and_covers_most_codes() -> None:
         E.NOT_FRAMED,
         E.SCHEMA_ID_UNKNOWN,
         E.SCHEMA_NOT_JSON,
+        # the worker's checks of a request's images and inputs: tests/workers/images
+        E.IMAGE_UNREADABLE,
+        E.IMAGE_TRUNCATED,
+        E.IMAGE_TOO_LARGE,
+        E.IMAGE_URL_NOT_ALLOWED,
+        E.IMAGE_FETCH_FAILED,
+        E.IMAGE_FETCH_TIMEOUT,
+        E.IMAGE_WRONG_CONTENT_TYPE,
+        E.IMAGES_NOT_READ,
+        E.INSTRUCTIONS_NOT_READ,
     }
     assert set(ErrorCode) - raised_later == covered
 

@@ -68,6 +68,10 @@ class EngineInfo:
     canvas_length: int  # the widest canvas this engine serves
     vocab_size: int
     device: str = "cpu"
+    # Whether reads carry images to a vision tower. False for every engine today: the worker
+    # then dead-letters a request with images (IMAGES_NOT_READ, workers.images) rather than
+    # answer it from its text alone. An engine that reads them sets it.
+    reads_images: bool = False
 
 
 class EngineError(Exception):

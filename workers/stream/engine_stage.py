@@ -23,6 +23,7 @@ from workers.batches import Batch, Output
 from workers.classify import BatchClassifier
 from workers.decisions import Decisions
 from workers.engine.classifier import Classifier
+from workers.images import InputGate
 from workers.outputs import OutputBuilder
 from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
@@ -111,6 +112,7 @@ class EngineStage:
                 settings.engine_retry_backoff_s,
                 s.log,
                 trace_ids=_trace_ids(batch, self._decisions),
+                gate=InputGate(settings.images, self.classifier.engine.info),
             )
             outcomes = await step.classify(requests) if requests else []
         finally:
