@@ -12,7 +12,7 @@ start, then the rows; render here:
 What is served, and how:
 - the model directory of `bench.engine_vllm.full_size_dir` plus a tokenizer built for
   vLLM's decision routes (the harness's docstring says why and how);
-- `vllm serve` with `workers.engine.vllm_backend.serve_command`: the in-process engine's own
+- `vllm serve` with `workers.engine.vllm.args.serve_command`: the in-process engine's own
   settings on vLLM's own read path (only the tokenizer is loaded, which the decision routes
   need), and `VLLM_PLUGINS=""` so that vLLM loads no plugin (dgstream's included). The rest
   of this process's environment (the emulated card's variables) goes to the server as is.

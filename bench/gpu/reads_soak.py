@@ -75,7 +75,8 @@ async def run_batches(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from bench.engine_vllm import SHARED_LABELS, full_size_dir, stable_root
-    from workers.engine.vllm_backend import VllmEngine, VllmSettings
+    from workers.engine.vllm.engine import VllmEngine
+    from workers.engine.vllm.settings import VllmSettings
 
     root = stable_root()  # one path on every start: the compile cache hits
     settings = VllmSettings(

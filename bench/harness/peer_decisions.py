@@ -559,7 +559,7 @@ class PeerServer:
 def peer_settings(args: argparse.Namespace, model: Path) -> Any:
     """The in-process benchmark's engine settings (bench/engine_vllm.py), but the tokenizer,
     on vLLM's own read path where the settings choose one."""
-    from workers.engine.vllm_backend import VllmSettings
+    from workers.engine.vllm.settings import VllmSettings
 
     stock = {"read_path": "stock"} if "read_path" in VllmSettings.model_fields else {}
     return VllmSettings(
@@ -576,7 +576,7 @@ def peer_settings(args: argparse.Namespace, model: Path) -> Any:
 
 
 def serve_argv(settings: Any, port: int) -> list[str]:
-    from workers.engine.vllm_backend import serve_command
+    from workers.engine.vllm.args import serve_command
 
     return [
         sys.executable,
@@ -808,7 +808,7 @@ def _beside(spec: str) -> tuple[str, Path]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from workers.engine.vllm_backend import VllmSettings
+    from workers.engine.vllm.settings import VllmSettings
 
     ap = argparse.ArgumentParser(description="vllm serve's own label reads, as dgstream's peer")
     ap.add_argument("--out", default="", help="JSON of the run (rewritten after every row)")

@@ -13,7 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from workers.engine.vllm_backend import READ_PATH_SEQS, TWO_STEP_KEY, VllmSettings, engine_args
+from workers.engine.vllm.args import engine_args
+from workers.engine.vllm.codec import TWO_STEP_KEY
+from workers.engine.vllm.settings import READ_PATH_SEQS, VllmSettings
 
 WIDTH = 16  # the served canvas (the card runs' 16 positions)
 BLOCK = 16  # vLLM's default KV block size

@@ -71,16 +71,16 @@ class Recorder:
         self.reads: dict[str, list[list[float | None]]] = {}
 
     def install(self) -> None:
-        from workers.engine import vllm_backend
+        from workers.engine.vllm import codec, engine
 
-        original = vllm_backend.parse_output
+        original = engine.parse_output
 
         def parse_output(read: Any, request_output: Any, *, constrained: bool = True) -> Any:
             try:
                 out = request_output.outputs[0]
                 rows = []
                 for slot in read.slots:
-                    row = vllm_backend._position_row(out.logprobs, slot.position)
+                    row = codec._position_row(out.logprobs, slot.position)
                     rows.append([_num(row.get(t)) for t in slot.label_ids])
                 self.reads[read.tag] = rows
             except Exception as exc:  # the read path's own checks say what was wrong
@@ -88,7 +88,7 @@ class Recorder:
                 print(f"# {read.tag}: output not recorded: {exc!r}", flush=True)
             return original(read, request_output, constrained=constrained)
 
-        vllm_backend.parse_output = parse_output
+        engine.parse_output = parse_output
 
 
 def _num(v: float | None) -> float | str | None:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from workers.engine.classifier import Classifier, ClassifierSettings
 from workers.engine.template import ChatFormat
 from workers.engine.types import Engine
-from workers.engine.vllm_backend import VllmRemoteSettings, VllmSettings
+from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
 
 Backend = Literal["transformers", "vllm", "vllm-remote", "fake"]
 
@@ -94,12 +94,13 @@ def build_engine(settings: EngineSettings) -> tuple[Engine, ChatFormat]:
         fake = FakeEngine(vocab_size=chat.vocab_size, cost_per_read_s=settings.fake_cost_per_read_s)
         return fake, chat
     if settings.backend == "vllm":
-        from workers.engine.vllm_backend import VllmEngine, check_model
+        from workers.engine.vllm.engine import VllmEngine
+        from workers.engine.vllm.sizing import check_model
 
         v = check_model(settings.vllm)  # a setting the model cannot serve: refused here
         chat = _chat_for(v.tokenizer or v.model)
         return VllmEngine(v, shared_labels=_labels(chat)), chat
-    from workers.engine.vllm_backend import VllmRemoteEngine
+    from workers.engine.vllm.remote import VllmRemoteEngine
 
     r = settings.remote
     chat = _chat_for(r.model)

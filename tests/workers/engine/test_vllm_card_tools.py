@@ -150,7 +150,7 @@ def test_a_run_that_never_served_is_not_a_pass() -> None:
 
 
 def test_inductor_options_for_the_bisection() -> None:
-    from workers.engine.vllm_backend import debug_inductor_options
+    from workers.engine.vllm.args import debug_inductor_options
 
     assert debug_inductor_options("") == {}
     assert debug_inductor_options("split_reductions=false+combo_kernels=false") == {
@@ -209,7 +209,8 @@ def test_the_step_watch_names_the_bad_rows_requests() -> None:
 
 
 def test_the_engine_caches_go_under_one_folder_and_keep_what_is_set(tmp_path: Path) -> None:
-    from workers.engine.vllm_backend import CACHE_ENV, VllmSettings, apply_cache_dir
+    from workers.engine.vllm.args import CACHE_ENV, apply_cache_dir
+    from workers.engine.vllm.settings import VllmSettings
 
     env = {"TRITON_CACHE_DIR": "/operator/triton"}
     added = apply_cache_dir(str(tmp_path), env)

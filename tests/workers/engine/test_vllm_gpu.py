@@ -42,14 +42,11 @@ from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E4
 from workers.engine.factory import EngineSettings, build_classifier  # noqa: E402
 from workers.engine.models import TRAINED_DIRS  # noqa: E402
 from workers.engine.template import standard_label_ids  # noqa: E402
-from workers.engine.vllm_backend import (  # noqa: E402
-    VllmEngine,
-    VllmRemoteEngine,
-    VllmRemoteSettings,
-    VllmSettings,
-    check_model,
-    serve_command,
-)
+from workers.engine.vllm.args import serve_command  # noqa: E402
+from workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from workers.engine.vllm.remote import VllmRemoteEngine  # noqa: E402
+from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings  # noqa: E402
+from workers.engine.vllm.sizing import check_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

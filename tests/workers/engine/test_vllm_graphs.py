@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from workers.engine.vllm_backend import GRAPH_SIZES, VllmSettings
+from workers.engine.vllm.settings import VllmSettings
+from workers.engine.vllm.sizing import GRAPH_SIZES
 from workers.engine.vllm_reads.options import ReadPathOptions
 
 pytestmark = pytest.mark.vllm
@@ -138,8 +139,8 @@ def test_the_graphs_are_captured_with_vllms_own_largest_first() -> None:
 @pytest.mark.parametrize(
     ("mode", "over", "named"),
     [
-        ("FULL", {}, "cudagraph_mode is FULL"),
-        ("PIECEWISE", {}, "cudagraph_mode is PIECEWISE"),
+        ("FULL", {}, "cudagraph_mode 'FULL'"),
+        ("PIECEWISE", {}, "cudagraph_mode 'PIECEWISE'"),
         ("FULL_AND_PIECEWISE", {"backend": "FLASH_ATTN"}, "FLASH_ATTN"),
     ],
 )
@@ -265,7 +266,7 @@ def test_full_graph_tokens_refuses_settings_it_cannot_run_with_by_name(
 def test_what_the_engine_hands_vllm_follows_the_resolved_bound(
     over: dict[str, Any], read_path: str | None, tokens: int
 ) -> None:
-    from workers.engine.vllm_backend import engine_args
+    from workers.engine.vllm.args import engine_args
 
     args = engine_args(VllmSettings(max_num_seqs=64, **over), read_path)
     options = ReadPathOptions.from_additional_config(args["additional_config"])
@@ -277,13 +278,13 @@ def test_the_engine_says_at_start_which_graphs_its_mixed_steps_get(
 ) -> None:
     from support.vllm_model import write_model_dir
 
-    from workers.engine.vllm_backend import VllmEngine
+    from workers.engine.vllm.engine import VllmEngine
 
     model_dir = write_model_dir(tmp_path, 512)
 
     def said(**over: Any) -> list[str]:
         caplog.clear()
-        with caplog.at_level("INFO", logger="workers.engine.vllm_backend"):
+        with caplog.at_level("INFO", logger="workers.engine.vllm.engine"):
             VllmEngine(VllmSettings(model=str(model_dir), **over))._engine_kwargs()
         return [r.getMessage() for r in caplog.records if "mixed steps" in r.getMessage()]
 

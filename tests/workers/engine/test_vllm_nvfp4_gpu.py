@@ -47,7 +47,9 @@ from topology import demo_tasks  # noqa: E402
 from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
 from workers.engine.models import TRAINED_DIRS  # noqa: E402
 from workers.engine.template import ChatFormat, standard_label_ids  # noqa: E402
-from workers.engine.vllm_backend import VllmEngine, VllmSettings, check_model  # noqa: E402
+from workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from workers.engine.vllm.settings import VllmSettings  # noqa: E402
+from workers.engine.vllm.sizing import check_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -25,7 +25,8 @@ from support.vllm_scheduler import (
     vllm_config,
 )
 
-from workers.engine.vllm_backend import TWO_STEP_KEY, VllmSettings, build_sampling_params
+from workers.engine.vllm.codec import TWO_STEP_KEY, build_sampling_params
+from workers.engine.vllm.settings import VllmSettings
 from workers.engine.vllm_reads.plan import fused_indices, fused_ranges
 
 pytestmark = pytest.mark.vllm
@@ -248,7 +249,7 @@ def test_one_step_reads_refuse_settings_they_cannot_run_with(
 def test_what_the_engine_hands_vllm_follows_the_resolved_setting(
     one_step_reads: bool | str, read_path: str | None, on: bool, idle_only: bool
 ) -> None:
-    from workers.engine.vllm_backend import engine_args
+    from workers.engine.vllm.args import engine_args
     from workers.engine.vllm_reads.options import ReadPathOptions
 
     settings = VllmSettings(one_step_reads=one_step_reads, max_num_seqs=64)
@@ -424,11 +425,11 @@ def test_one_step_reads_refuse_an_attention_backend_without_ranges(
 def test_the_engine_says_at_start_how_many_steps_its_reads_take(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from workers.engine.vllm_backend import VllmEngine
+    from workers.engine.vllm.engine import VllmEngine
 
     def said(**over: Any) -> list[str]:
         caplog.clear()
-        with caplog.at_level("INFO", logger="workers.engine.vllm_backend"):
+        with caplog.at_level("INFO", logger="workers.engine.vllm.engine"):
             VllmEngine(VllmSettings(model=str(model_dir), **over))._engine_kwargs()
         return [r.getMessage() for r in caplog.records if "reads in" in r.getMessage()]
 

@@ -391,7 +391,7 @@ def test_the_plugin_refuses_another_vllm_and_says_so(monkeypatch: pytest.MonkeyP
 def test_the_entry_point_is_installed_where_vllm_is() -> None:
     """vLLM finds the plugin only through package metadata, in every process: `make setup`
     installs it (pyproject's [project.entry-points."vllm.general_plugins"])."""
-    from workers.engine.vllm_backend import read_path_available
+    from workers.engine.vllm.args import read_path_available
 
     assert read_path_available() is None
 
@@ -401,7 +401,8 @@ def test_the_entry_point_is_installed_where_vllm_is() -> None:
 
 @pytest.mark.vllm
 def test_the_read_path_rides_in_additional_config_with_256_reads_in_flight() -> None:
-    from workers.engine.vllm_backend import VllmSettings, engine_args, resolve_read_path
+    from workers.engine.vllm.args import engine_args, resolve_read_path
+    from workers.engine.vllm.settings import VllmSettings
 
     settings = VllmSettings(load_format="dummy")
     assert resolve_read_path(settings)[0] == "dgstream"
@@ -430,7 +431,9 @@ def test_the_stock_path_leaves_its_unprofiled_denoise_step_free_on_the_card(
     """On vLLM's own path the first denoise step is not in vLLM's memory profile: the
     settings take it off gpu_memory_utilization, and refuse settings it does not fit."""
     from workers.engine.types import EngineConfigError
-    from workers.engine.vllm_backend import CARD_ENV, VllmSettings, engine_args
+    from workers.engine.vllm.args import engine_args
+    from workers.engine.vllm.settings import VllmSettings
+    from workers.engine.vllm.sizing import CARD_ENV
 
     monkeypatch.setenv(CARD_ENV, "23.6")  # what torch reports of a 24 GB board
     settings = VllmSettings(load_format="dummy", canvas_length=16, read_path="stock")

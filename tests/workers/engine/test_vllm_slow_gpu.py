@@ -40,7 +40,8 @@ if not PCT:
 
 from support.vllm_soak import workload  # noqa: E402
 
-from workers.engine.vllm_backend import VllmEngine, VllmSettings  # noqa: E402
+from workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from workers.engine.vllm.settings import VllmSettings  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -5,11 +5,12 @@ vLLM loads the entry points of the group `vllm.general_plugins` in every process
 below as `dgstream_reads`. It is written against vLLM 0.33's DiffusionGemma internals, so it
 registers nothing on another version and says so: that vLLM then serves reads its own way.
 
-Registered, it changes nothing until an engine asks: `workers.engine.vllm_backend` turns it
+Registered, it changes nothing until an engine asks: `workers.engine.vllm.args` turns it
 on per engine through `additional_config` (`options.CONFIG_KEY`). What it does then is in
 `model.py` (unembedding, self-conditioning, admission), `sampler.py` (the step),
 `scheduler.py` (one-step reads) and `graphs.py` (FULL graphs for small mixed steps), and
-in docs/vllm.md. `VLLM_PLUGINS=""` in the environment keeps vLLM from loading any plugin.
+in docs/vllm.md; what each feature needs from an engine is `rules.py`. `VLLM_PLUGINS=""` in
+the environment keeps vLLM from loading any plugin.
 """
 
 from __future__ import annotations
@@ -70,26 +71,12 @@ def register() -> None:
 
 def one_step_refusal(vllm_config: Any) -> str | None:
     """Why an engine cannot run one-step reads (None: it can). Read at vLLM's config hook,
-    before vLLM picks its own diffusion scheduler; the engine's settings refuse the same
-    combinations earlier, with the names of the settings."""
-    scheduler = vllm_config.scheduler_config
-    if scheduler.async_scheduling is not True:
-        return "they need async scheduling (set explicitly)"
-    if scheduler.scheduler_cls is not None:
-        return f"another scheduler class is configured ({scheduler.scheduler_cls})"
-    parallel = getattr(vllm_config, "parallel_config", None)
-    if getattr(parallel, "tensor_parallel_size", 1) != 1:
-        return "tensor parallelism (the read path serves one GPU)"
-    if getattr(parallel, "use_ubatching", False):
-        # Each micro-batch gets attention metadata of its own requests; the ranges are
-        # laid out for the whole step's.
-        return "micro-batching (enable_dbo / ubatch_size: the ranges are the whole step's)"
-    attention = getattr(vllm_config, "attention_config", None)
-    backend = getattr(attention, "backend", None)
-    name = getattr(backend, "name", backend)
-    if name != "TRITON_ATTN":
-        return f"attention backend {name} (one step needs TRITON_ATTN, set explicitly)"
-    return None
+    before vLLM picks its own diffusion scheduler, against `rules.ONE_STEP`: the rules the
+    engine's settings apply earlier, with the names of the settings."""
+    from workers.engine.vllm_reads import rules
+
+    found = rules.clashes(rules.ONE_STEP, rules.shape_of_vllm_config(vllm_config))
+    return "; ".join(found) or None
 
 
 def status() -> str | None:

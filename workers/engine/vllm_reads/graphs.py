@@ -31,6 +31,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu import model_runner as runner_module
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor as Desc
 
+from workers.engine.vllm_reads import rules
 from workers.engine.vllm_reads.loggers import reads_logger
 from workers.engine.vllm_reads.options import ReadPathOptions
 
@@ -91,20 +92,12 @@ def add_mixed_full_graphs(manager: Any, limit: int) -> list[Desc]:
 
 
 def refusal(vllm_config: Any, cudagraph_mode: Any, ubatch_runner: Any) -> str | None:
-    """Why an engine's mixed steps cannot run as FULL graphs (None: they can)."""
-    if cudagraph_mode != CUDAGraphMode.FULL_AND_PIECEWISE:
-        # FULL graphs every step already; PIECEWISE and NONE were chosen against them.
-        return f"cudagraph_mode is {cudagraph_mode.name} (needs FULL_AND_PIECEWISE)"
-    attention = getattr(vllm_config, "attention_config", None)
-    backend = getattr(attention, "backend", None)
-    name = getattr(backend, "name", backend)
-    if name != "TRITON_ATTN":
-        # The backend the read path measured FULL mixed steps on; others may not run a
-        # step with prompts in one graph.
-        return f"attention backend {name} (needs TRITON_ATTN)"
-    if ubatch_runner is not None:
-        return "micro-batching (its graphs are vLLM's own)"
-    return None
+    """Why an engine's mixed steps cannot run as FULL graphs (None: they can), against
+    `rules.FULL_GRAPHS` on the mode and micro-batching the manager resolved."""
+    shape = rules.shape_of_vllm_config(
+        vllm_config, cudagraph_mode=cudagraph_mode, micro_batching=ubatch_runner is not None
+    )
+    return "; ".join(rules.clashes(rules.FULL_GRAPHS, shape)) or None
 
 
 class _Manager(runner_module.ModelCudaGraphManager):

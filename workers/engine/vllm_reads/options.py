@@ -1,6 +1,6 @@
 """What a vLLM engine is told about the project's read path, and the arithmetic around it.
 
-The in-process engine (`workers.engine.vllm_backend`) turns the read path on per engine
+The in-process engine (`workers.engine.vllm.args`) turns the read path on per engine
 through vLLM's free-form `additional_config` (`--additional-config` for `vllm serve`), under
 one key; nothing else in a vLLM deployment changes. This module imports neither vLLM nor
 torch, so the settings side (and CI) can use it.
@@ -21,6 +21,10 @@ ENTRY_POINT_NAME = "dgstream_reads"
 # The vLLM release the read path was written against and checked on (its model, model
 # state and sampler internals are not a public API).
 SUPPORTED_VLLM = "0.33"
+# A request's opt-out of one-step reads (`VllmSettings.one_step_reads`), in its sampling
+# params' `extra_args`: vLLM passes keys it does not know to the engine untouched; the
+# engine's codec writes it, the plugin's scheduler reads it.
+TWO_STEP_KEY = "dgstream_two_step"
 
 GIB = 2**30
 MIB = 2**20

@@ -31,7 +31,7 @@ from typing import Any
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler
 
 from workers.engine.vllm_reads.loggers import reads_logger
-from workers.engine.vllm_reads.options import ReadPathOptions
+from workers.engine.vllm_reads.options import TWO_STEP_KEY, ReadPathOptions
 from workers.engine.vllm_reads.plan import reports_raw_logits
 
 logger = reads_logger("scheduler")
@@ -39,9 +39,6 @@ logger = reads_logger("scheduler")
 LOG_EVERY = 10_000
 
 SCHEDULER_CLASS = "workers.engine.vllm_reads.scheduler.DgOneStepScheduler"
-# A request's opt-out (`workers.engine.vllm_backend.TWO_STEP_KEY`; not imported: that module
-# is the engine's front end, this one runs in vLLM's engine core).
-TWO_STEP_KEY = "dgstream_two_step"
 
 
 def one_step_width(params: Any) -> int | None:

@@ -1,0 +1,233 @@
+"""What the in-process engine hands vLLM: which read path runs here, vLLM's engine
+arguments (`engine_args`), the same as a `vllm serve` command line (`serve_command`), and
+the environment (the caches' folder, diagnostics)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from workers.engine.vllm.settings import MAX_NUM_SEQS, VllmSettings
+from workers.engine.vllm.sizing import (
+    check_full_graphs,
+    check_model,
+    graph_sizes,
+    stock_utilization,
+)
+
+__all__ = [
+    "CACHE_ENV",
+    "DEBUG_INDUCTOR_ENV",
+    "apply_cache_dir",
+    "debug_inductor_options",
+    "engine_args",
+    "read_path_available",
+    "resolve_read_path",
+    "serve_command",
+]
+
+
+def read_path_available() -> str | None:
+    """None when the project's read path can serve in vLLM here, else why not: it needs
+    vLLM 0.33.x and the plugin's entry point installed (vLLM finds plugins only through
+    package metadata, in every process it starts)."""
+    from importlib import metadata
+
+    from workers.engine import vllm_reads
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return "vLLM is not installed"
+    if not vllm_reads.supported(version):
+        return f"vLLM {version} is not {vllm_reads.SUPPORTED_VLLM}.x"
+    found = metadata.entry_points(
+        group=vllm_reads.ENTRY_POINT_GROUP, name=vllm_reads.ENTRY_POINT_NAME
+    )
+    if not list(found):
+        return (
+            f"the plugin's entry point ({vllm_reads.ENTRY_POINT_GROUP}: "
+            f"{vllm_reads.ENTRY_POINT_NAME}) is not installed: install the project "
+            "(pip install .) where vLLM runs"
+        )
+    return None
+
+
+def resolve_read_path(settings: VllmSettings) -> tuple[str, str]:
+    """(the read path an engine of these settings runs, why)."""
+    if settings.read_path == "stock":
+        return "stock", "read_path is 'stock'"
+    missing = read_path_available()
+    if missing is not None:
+        return "stock", f"the dgstream read path cannot load: {missing}"
+    return "dgstream", "the dgstream read path (vLLM plugin)"
+
+
+# The card an engine may use: DGSTREAM_CARD_GIB when set (the 24 GB emulation sets it for
+
+
+# Diagnostics (never set in service): Inductor options for vLLM's compilation config, as
+# `name=value[+name=value]` with JSON values, e.g. `split_reductions=false`.
+DEBUG_INDUCTOR_ENV = "DGSTREAM_DEBUG_INDUCTOR"
+
+
+def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs` (settings checked and
+    resolved by `check_model` first) for an engine on `read_path` (default: the settings'
+    own)."""
+    from workers.engine.vllm_reads.options import ReadPathOptions
+
+    settings = check_model(settings)
+    path = read_path or settings.read_path
+    seqs = min(settings.reads_in_flight(path), MAX_NUM_SEQS if path == "stock" else 10**9)
+    utilization = (
+        stock_utilization(settings, seqs) if path == "stock" else settings.gpu_memory_utilization
+    )
+    check_full_graphs(settings, utilization)
+    one_step = settings.one_step_resolved(path)[0]
+    options = ReadPathOptions(
+        enabled=path == "dgstream",
+        logits_tile_mib=settings.logits_tile_mib,
+        max_num_seqs=seqs,
+        one_step=one_step,
+        one_step_idle_only=one_step and settings.one_step_reads == "auto",
+        full_graph_tokens=settings.full_graphs_resolved(path)[0],
+    )
+    args: dict[str, Any] = {
+        "model": settings.model,
+        "tokenizer": settings.tokenizer,
+        "revision": settings.revision,
+        # `EngineArgs.diffusion_config: dict | None` -> `create_diffusion_config` ->
+        # `DiffusionConfig(**cfg)`; the CLI form is `--diffusion-config '{"canvas_length":64}'`.
+        # Setting it also selects vLLM's DiffusionScheduler (`VllmConfig.__post_init__`).
+        "diffusion_config": {"canvas_length": settings.canvas_length},
+        "max_model_len": settings.max_model_len,
+        "attention_backend": settings.attention_backend,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "max_logprobs": settings.max_logprobs,
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "gpu_memory_utilization": utilization,
+        "quantization": settings.quantization,
+        "dtype": settings.dtype,
+        "seed": settings.seed,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "enforce_eager": settings.enforce_eager,
+        "language_model_only": settings.language_model_only,
+        "skip_tokenizer_init": settings.skip_tokenizer_init,
+        "load_format": settings.load_format,
+        "additional_config": options.as_additional_config(),
+    }
+    sizes = graph_sizes(settings)
+    if sizes is not None:
+        args["cudagraph_capture_sizes"] = list(sizes)
+    if settings.async_scheduling is not None:
+        args["async_scheduling"] = settings.async_scheduling
+    if settings.cudagraph_mode is not None:
+        args["compilation_config"] = {"cudagraph_mode": settings.cudagraph_mode}
+    inductor = debug_inductor_options(os.environ.get(DEBUG_INDUCTOR_ENV, ""))
+    if inductor:
+        # The compute-limited card's bisection; vLLM adds its own defaults beside these.
+        args.setdefault("compilation_config", {})["inductor_compile_config"] = inductor
+    for kernel in ("moe_backend", "linear_backend"):
+        if getattr(settings, kernel) is not None:
+            args[kernel] = getattr(settings, kernel)
+    if settings.profiler_dir:
+        args["profiler_config"] = {
+            "profiler": "torch",
+            "torch_profiler_dir": settings.profiler_dir,
+            "torch_profiler_with_stack": False,
+        }
+    return args
+
+
+# The variable each library reads its cache folder from, and the subfolder it gets.
+CACHE_ENV = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "TRITON_CACHE_DIR": "triton",
+    "HUMMING_CACHE_DIR": "humming",
+}
+
+
+def apply_cache_dir(cache_dir: str | None, environ: Any = None) -> dict[str, str]:
+    """Point the engine's caches under `cache_dir` (`VllmSettings.cache_dir`) in `environ`
+    (this process's, which vLLM's engine core inherits); what is set already stays. Returns
+    the variables it set."""
+    env = os.environ if environ is None else environ
+    if not cache_dir:
+        return {}
+    root = Path(cache_dir)
+    if not root.is_absolute():
+        raise ValueError(f"cache_dir must be an absolute path, got {cache_dir!r}")
+    added = {}
+    for name, sub in CACHE_ENV.items():
+        if not env.get(name):
+            added[name] = str(root / sub)
+            env[name] = added[name]
+    return added
+
+
+def debug_inductor_options(text: str) -> dict[str, Any]:
+    """`split_reductions=false+combo_kernels=false` -> {"split_reductions": False, ...}."""
+    out: dict[str, Any] = {}
+    for part in filter(None, text.split("+")):
+        name, sep, value = part.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{DEBUG_INDUCTOR_ENV}: want name=value, got {part!r}")
+        out[name] = json.loads(value)
+    return out
+
+
+def serve_command(
+    settings: VllmSettings, *, host: str = "127.0.0.1", port: int = 8000, name: str | None = None
+) -> list[str]:
+    """`vllm serve` arguments for a server the remote mode can read from, with the same
+    engine settings as the in-process engine (run it with the vLLM environment's Python:
+    `python -m vllm.entrypoints.cli.main serve ...`)."""
+    a = engine_args(settings)
+    cmd = ["serve", str(a["model"]), "--host", host, "--port", str(port)]
+    if name:
+        cmd += ["--served-model-name", name]
+    flags = {
+        "tokenizer": a["tokenizer"],
+        "revision": a["revision"],
+        "diffusion-config": json.dumps(a["diffusion_config"]),
+        "max-model-len": a["max_model_len"],
+        "attention-backend": a["attention_backend"],
+        "max-logprobs": a["max_logprobs"],
+        "max-num-seqs": a["max_num_seqs"],
+        "max-num-batched-tokens": a["max_num_batched_tokens"],
+        "gpu-memory-utilization": a["gpu_memory_utilization"],
+        "quantization": a["quantization"],
+        "dtype": a["dtype"],
+        "seed": a["seed"],
+        "tensor-parallel-size": a["tensor_parallel_size"],
+        "load-format": a["load_format"],
+        "additional-config": json.dumps(a["additional_config"]),
+        "moe-backend": a.get("moe_backend"),
+        "linear-backend": a.get("linear_backend"),
+    }
+    for flag, value in flags.items():
+        if value is not None:
+            cmd += [f"--{flag}", str(value)]
+    if "cudagraph_capture_sizes" in a:
+        cmd += ["--cudagraph-capture-sizes", *(str(n) for n in a["cudagraph_capture_sizes"])]
+    if "compilation_config" in a:
+        cmd += ["--compilation-config", json.dumps(a["compilation_config"])]
+    if "async_scheduling" in a:
+        cmd.append("--async-scheduling" if a["async_scheduling"] else "--no-async-scheduling")
+    switches = {
+        "enable-prefix-caching": a["enable_prefix_caching"],
+        "enforce-eager": a["enforce_eager"],
+        "language-model-only": a["language_model_only"],
+        "skip-tokenizer-init": a["skip_tokenizer_init"],
+    }
+    for flag, on in switches.items():
+        if on:
+            cmd.append(f"--{flag}")
+        elif flag == "enable-prefix-caching":
+            cmd.append("--no-enable-prefix-caching")
+    return cmd
