@@ -4,6 +4,10 @@ from the files, and none crosses a line the architecture draws.
 - the contract (`schemas/`) imports neither the engine nor the worker (nothing of `workers/`);
 - the engine (`workers/engine/`) imports neither Kafka nor the worker (only itself, the
   contract and libraries);
+- the read path inside vLLM (`workers/engine/vllm_reads/`, a vLLM plugin that runs in
+  vLLM's processes) imports only itself: the engine's front end (`workers/engine/vllm/`)
+  reads it, never the other way, and its modules import each other in one direction even
+  counting imports for typing only (the sampler takes a protocol of the model state);
 - the worker (`workers/`) imports neither `topology/` nor `bench/`;
 - `infra/` imports neither `topology/` nor `bench/`;
 - nothing the product ships imports `bench/` or `tests/`;
@@ -57,6 +61,7 @@ def _under(name: str, prefix: str) -> bool:
 RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("schemas", ("workers", "topology", "infra", "dgstream", "kafka", "ray"), ()),
     ("workers/engine", ("workers", "kafka", "ray", "topology", "infra"), ("workers.engine",)),
+    ("workers/engine/vllm_reads", ("workers",), ("workers.engine.vllm_reads",)),
     ("workers", ("topology", "bench", "tests"), ()),
     ("infra", ("topology", "bench", "tests"), ()),
     ("topology", ("bench", "tests"), ()),
@@ -282,6 +287,23 @@ def test_no_import_circle_inside_workers() -> None:
     through what the facade hands them (workers.stream.shared, the error table), not by
     importing each other in a circle."""
     cycle = find_cycle(import_graph(ROOT, "workers"))
+    assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
+
+
+def test_no_import_circle_inside_the_read_path_even_for_typing() -> None:
+    """The read path's modules (`workers/engine/vllm_reads/`) import each other in one
+    direction, `if TYPE_CHECKING:` imports included: the model state builds the sampler,
+    and the sampler names what it needs of the state as a protocol of its own."""
+    folder = ROOT / "workers" / "engine" / "vllm_reads"
+    files = {_module_name(ROOT, p): p for p in sorted(folder.glob("*.py"))}
+    graph = {}
+    for module, path in files.items():
+        names = _imports(path)
+        graph[module] = {
+            m for m in files if m != module and any(_under(n, m) for n in names) and "." in m
+        } - {"workers.engine.vllm_reads"}
+    assert {"workers.engine.vllm_reads.model", "workers.engine.vllm_reads.sampler"} <= set(graph)
+    cycle = find_cycle(graph)
     assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
 
 

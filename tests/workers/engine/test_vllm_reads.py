@@ -855,3 +855,36 @@ def test_draft_rows_of_arrivals_are_zeroed_together(drafts: int) -> None:
         assert np.array_equal(getattr(ours, name).np, getattr(theirs, name).np), name
     for name in ("total_len", "all_token_ids", "num_computed_tokens"):
         assert getattr(ours, name).writes == getattr(theirs, name).writes, name
+
+
+def test_the_model_state_is_what_the_sampler_asks_for() -> None:
+    """The sampler names what it needs of the model state as protocols (`ReadState`,
+    `ReadModel`) instead of importing model.py; the model state and the model give each
+    member (the state's are set in its __init__)."""
+    import ast
+    import inspect
+
+    from workers.engine.vllm_reads import model as model_module
+    from workers.engine.vllm_reads.sampler import ReadModel, ReadState
+
+    def members(protocol: type) -> set[str]:
+        return {n for n in vars(protocol) if not n.startswith("_")}
+
+    init = ast.parse(inspect.getsource(model_module.DgModelState.__init__).strip())
+    assigned = {
+        t.attr
+        for node in ast.walk(init)
+        for t in (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+    # `model` is vLLM's own (its model state keeps the model it was built with).
+    assert members(ReadState) - {"model"} <= assigned, members(ReadState) - assigned
+    # `lm_head` is vLLM's own (the model's output projection).
+    methods = members(ReadModel) - {"lm_head"}
+    assert methods and all(callable(getattr(model_module.DgDiffusionGemma, n)) for n in methods)

@@ -20,7 +20,7 @@ reads allocates and `gpu_memory_utilization` sizes the KV cache around it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -28,8 +28,9 @@ from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
 from workers.engine.vllm_reads import debug
+from workers.engine.vllm_reads.admission import Admissions
 from workers.engine.vllm_reads.loggers import reads_logger
-from workers.engine.vllm_reads.options import vocab_tile_rows
+from workers.engine.vllm_reads.options import ReadPathOptions, vocab_tile_rows
 from workers.engine.vllm_reads.plan import (
     StepPlan,
     fused_requests,
@@ -45,16 +46,50 @@ from workers.engine.vllm_reads.rows import (
     vocab_rows,
 )
 
-if TYPE_CHECKING:  # model.py builds this sampler: a runtime import would be a circle
-    from workers.engine.vllm_reads.model import DgModelState
-
 logger = reads_logger("sampler")
+
+
+class ReadModel(Protocol):
+    """What the sampler reads rows through (`model.DgDiffusionGemma` is one)."""
+
+    @property
+    def lm_head(self) -> Any: ...
+
+    def take_deferred(self) -> torch.Tensor | None:
+        """The canvas rows the last forward pass left for the sampler (None: none)."""
+        ...
+
+    def label_logits(self, rows: torch.Tensor, allowed: tuple[int, ...]) -> torch.Tensor: ...
+
+    def vocab_logits(self, rows: torch.Tensor) -> torch.Tensor: ...
+
+
+class ReadState(Protocol):
+    """What the sampler needs of the model state (`model.DgModelState` is one, and builds
+    the sampler with itself): the model, the read path's options, the admissions it
+    stages, the slots that hold reads, and whether reads take one step. The sampler
+    imports nothing of model.py."""
+
+    @property
+    def model(self) -> ReadModel: ...
+
+    @property
+    def options(self) -> ReadPathOptions: ...
+
+    @property
+    def admissions(self) -> Admissions: ...
+
+    @property
+    def read_slots(self) -> set[int]: ...
+
+    @property
+    def one_step(self) -> bool: ...
 
 
 class DgReadSampler:
     """vLLM's DiffusionGemma sampler with the read path in front of it."""
 
-    def __init__(self, stock: Any, state: DgModelState) -> None:
+    def __init__(self, stock: Any, state: ReadState) -> None:
         self.stock = stock
         self.state = state
         self.model = state.model
