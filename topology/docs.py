@@ -106,6 +106,38 @@ def _section(title: str, model: type[BaseModel], seen: set[str]) -> list[str]:
     return out
 
 
+def backend_rows() -> list[str]:
+    """The "Engine backends" table: one row per registered backend (its module's
+    docstring, its settings key, GPUs by default and audit fields)."""
+    import sys as _sys
+
+    from workers.engine.backends import backends
+    from workers.engine.factory import EngineSettings
+
+    out = [
+        "## Engine backends",
+        "",
+        "What `pipelines[].engine.backend` names: one module each of `workers/engine/backends/`",
+        "(a new backend is one module there; its row here is generated). A backend's settings",
+        "are under its key in `engine:` (a backend without one reads the engine's common",
+        "fields); GPUs: what a worker asks Ray for when its settings name none (a pipeline",
+        "of this file asks for `resources.gpus`, 1 unless set); `audit.engine` carries its",
+        "audit fields beside `backend`, `seed`, `canvas_length`, `auto_threshold`, `auto_max`.",
+        "",
+        "| backend | settings | GPUs | audit fields | notes |",
+        "|---|---|---|---|---|",
+    ]
+    defaults = EngineSettings()
+    for b in backends():
+        module = _sys.modules[type(b).__module__]
+        notes = " ".join((module.__doc__ or type(b).__doc__ or "").split())
+        key = f"`engine.{b.settings_key}`" if b.settings_key else "the common fields"
+        fields = ", ".join(f"`{f}`" for f in b.audit_fields(defaults)) or "none"
+        out.append(f"| `{b.name}` | {key} | {b.gpus:g} | {fields} | {notes} |")
+    out.append("")
+    return out
+
+
 def render() -> str:
     from topology.spec import KafkaSpec, PipelineSpec, RaySpec, Topology
     from workers.routes import Route
@@ -117,6 +149,7 @@ def render() -> str:
     lines += _section("ray", RaySpec, seen)
     lines += _section("pipelines[]", PipelineSpec, seen)
     lines += _section("pipelines[].routes[]", Route, seen)
+    lines += backend_rows()
     lines += [
         "## `question_sets`",
         "",

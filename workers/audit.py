@@ -10,22 +10,18 @@ route that matched.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from schemas import Audit, ClassificationRequest, digest
 from schemas.audit import canonical_json
+from workers.engine.backends import get_backend
+from workers.engine.backends._base import content_hash
 from workers.engine.factory import EngineSettings
 from workers.engine.template import PROMPT_TEMPLATE_VERSION
 
 __all__ = ["Auditor", "checkpoint_of", "content_hash", "engine_fields", "routes_hash"]
-
-# A Hugging Face hub snapshot directory: .../snapshots/<40-hex commit>/...
-_SNAPSHOT = re.compile(r"(?:^|/)snapshots/([0-9a-f]{40})(?:/|$)")
-_CHUNK = 1 << 20  # hashing reads 1 MiB at a time
 
 
 def _version() -> str:
@@ -35,73 +31,20 @@ def _version() -> str:
         return "unknown"
 
 
-def content_hash(directory: Path) -> str:
-    """`sha256:` over every file of a checkpoint directory (sorted relative paths and their
-    bytes; hidden entries skipped): the same weights, tokenizer and chat template give the
-    same hash wherever they lie."""
-    h = hashlib.sha256()
-    root = directory.resolve()
-    files = sorted(
-        p
-        for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
-    for path in files:
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        with path.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        h.update(b"\0")
-    return "sha256:" + h.hexdigest()[:32]
-
-
-def _hub_snapshot(model: str, revision: str | None) -> Path | None:
-    """The local snapshot of a hub model id, when the hub's cache holds one (no download)."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model, revision=revision, local_files_only=True))
-    except Exception:
-        return None
-
-
-def _directory_checkpoint(path: Path) -> tuple[str, str]:
-    m = _SNAPSHOT.search(path.resolve().as_posix() + "/")
-    if m is not None:
-        return m.group(1), "revision"
-    return content_hash(path), "content_hash"
-
-
 def checkpoint_of(engine: EngineSettings) -> tuple[str, str]:
-    """(the checkpoint's revision or content hash, where it came from) for an engine."""
+    """(the checkpoint's revision or content hash, where it came from) for an engine: the
+    revision the pipeline declares, else what its backend finds (`Backend.checkpoint`)."""
     if engine.revision is not None:
         return engine.revision, "declared"
-    if engine.backend in ("transformers", "fake"):
-        from workers.engine.factory import model_dir
-
-        # The fake engine reads no weights; its tokenizer is the tiny model's.
-        return _directory_checkpoint(
-            model_dir(engine.model if engine.backend != "fake" else "tiny-random")
-        )
-    model = engine.vllm.model if engine.backend == "vllm" else engine.remote.model
-    revision = engine.vllm.revision if engine.backend == "vllm" else None
-    local = Path(model).expanduser()
-    if engine.backend == "vllm" and (local / "config.json").exists():
-        return _directory_checkpoint(local)
-    if revision is not None:
-        return revision, "revision"
-    snapshot = _hub_snapshot(model, None)
-    if snapshot is not None:
-        return _directory_checkpoint(snapshot)
-    # A remote server's weights cannot be read from here: its model's name is all there is.
-    return model, "name"
+    return get_backend(engine.backend).checkpoint(engine)
 
 
 def engine_fields(
     engine: EngineSettings, canvas_length: int, auto: tuple[float, int]
 ) -> dict[str, Any]:
     """The engine settings that can change an answer (not those that only change speed:
-    batch sizes, prefix reuse, memory, timeouts)."""
+    batch sizes, prefix reuse, memory, timeouts): those every backend shares, then the
+    backend's own (`Backend.audit_fields`)."""
     out: dict[str, Any] = {
         "backend": engine.backend,
         "seed": engine.seed,
@@ -109,21 +52,7 @@ def engine_fields(
         "auto_threshold": auto[0],
         "auto_max": auto[1],
     }
-    if engine.backend == "transformers":
-        out.update(model=engine.model, dtype=engine.dtype, device=engine.device)
-    elif engine.backend == "vllm":
-        v = engine.vllm
-        out.update(
-            model=v.model,
-            dtype=v.dtype,
-            quantization=v.quantization,
-            load_format=v.load_format,
-            diffusion_constrained=v.diffusion_constrained,
-            tensor_parallel_size=v.tensor_parallel_size,
-        )
-    elif engine.backend == "vllm-remote":
-        r = engine.remote
-        out.update(model=r.model, diffusion_constrained=r.diffusion_constrained)
+    out.update(get_backend(engine.backend).audit_fields(engine))
     return out
 
 

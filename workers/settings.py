@@ -369,4 +369,6 @@ class WorkerSettings(OutputFields, _Frozen):
         """GPUs the actor asks Ray for."""
         if self.resources.gpus is not None:
             return self.resources.gpus
-        return 1.0 if self.engine.backend == "vllm" else 0.0
+        from workers.engine.backends import get_backend
+
+        return get_backend(self.engine.backend).gpus  # the backend's default (vllm: 1)

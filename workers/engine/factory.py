@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from workers.engine import backends
+from workers.engine.backends import get_backend
+from workers.engine.backends._base import model_dir as _backend_model_dir
 from workers.engine.classifier import Classifier, ClassifierSettings
 from workers.engine.template import ChatFormat
 from workers.engine.types import Engine
-from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
-
-Backend = Literal["transformers", "vllm", "vllm-remote", "fake"]
 
 
-class EngineSettings(BaseModel):
+class _EngineSettings(BaseModel):
     """Which engine a worker runs, and how."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: Backend = "transformers"
+    # The engine backend: a name of the registry (`workers/engine/backends/`, one module
+    # each; the "Engine backends" table below lists them, with their settings keys).
+    backend: str = "transformers"
     # transformers: a built-in model name (see workers.engine.models.SPECS: "demo", trained
     # on the demo tasks; "tiny-random", random weights for speed) or a local directory with
     # a DiffusionGemma checkpoint and its tokenizer.
@@ -33,8 +35,6 @@ class EngineSettings(BaseModel):
     max_batch_reads: int = Field(default=64, ge=1)
     reuse_prefix: bool = True
     label_rows_only: bool = False
-    vllm: VllmSettings = Field(default_factory=VllmSettings)
-    remote: VllmRemoteSettings = Field(default_factory=VllmRemoteSettings)
     # The fake engine's cost per read (autoscaling tests); 0 = free.
     fake_cost_per_read_s: float = Field(default=0.0, ge=0.0)
     # Base of every noise seed: results are reproducible for a given seed.
@@ -44,73 +44,37 @@ class EngineSettings(BaseModel):
     # `vllm.revision`), else hashed from its files once at start (seconds per GB).
     revision: str | None = Field(default=None, min_length=1, max_length=200)
 
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        get_backend(value)
+        return value
+
+
+if TYPE_CHECKING:
+    # The backends' settings fields exist at run time only; a backend reads its own with
+    # `Backend.own`.
+    EngineSettings = _EngineSettings
+else:
+    # Each backend's own settings under its key (`vllm`, `remote`), from the registry.
+    EngineSettings = create_model(
+        "EngineSettings",
+        __base__=_EngineSettings,
+        __module__=__name__,
+        __doc__=_EngineSettings.__doc__,
+        **backends.settings_fields(),
+    )
+
 
 def model_dir(name: str) -> Path:
     """The directory a transformers model name stands for (built-in, or a path)."""
-    return _model_dir(name)
-
-
-def _model_dir(name: str) -> Path:
-    from workers.engine import models
-
-    if name in models.SPECS:
-        return models.ensure_tiny_model(name)
-    path = Path(name).expanduser()
-    if not (path / "config.json").exists():
-        known = ", ".join(sorted(models.SPECS))
-        raise ValueError(
-            f"engine.model: {name!r} is neither a built-in model ({known}) nor a "
-            f"directory holding a config.json"
-        )
-    return path
-
-
-def _chat_for(path_or_name: str | Path) -> ChatFormat:
-    from transformers import AutoTokenizer
-
-    return ChatFormat(AutoTokenizer.from_pretrained(str(path_or_name)))
+    return _backend_model_dir(name)
 
 
 def build_engine(settings: EngineSettings) -> tuple[Engine, ChatFormat]:
-    """The engine and the chat format of its model (tokenizer, special ids)."""
-    if settings.backend == "transformers":
-        from workers.engine.hf_backend import TransformersEngine
-
-        path = _model_dir(settings.model)
-        engine: Engine = TransformersEngine.from_pretrained(
-            path,
-            device=settings.device,
-            dtype=settings.dtype,
-            max_batch_reads=settings.max_batch_reads,
-            reuse_prefix=settings.reuse_prefix,
-            label_rows_only=settings.label_rows_only,
-        )
-        return engine, _chat_for(path)
-    if settings.backend == "fake":
-        from workers.engine.fake import FakeEngine
-
-        path = _model_dir("tiny-random")  # only its tokenizer is used
-        chat = _chat_for(path)
-        fake = FakeEngine(vocab_size=chat.vocab_size, cost_per_read_s=settings.fake_cost_per_read_s)
-        return fake, chat
-    if settings.backend == "vllm":
-        from workers.engine.vllm.engine import VllmEngine
-        from workers.engine.vllm.sizing import check_model
-
-        v = check_model(settings.vllm)  # a setting the model cannot serve: refused here
-        chat = _chat_for(v.tokenizer or v.model)
-        return VllmEngine(v, shared_labels=_labels(chat)), chat
-    from workers.engine.vllm.remote import VllmRemoteEngine
-
-    r = settings.remote
-    chat = _chat_for(r.model)
-    return VllmRemoteEngine(r, shared_labels=_labels(chat)), chat
-
-
-def _labels(chat: ChatFormat) -> tuple[int, ...]:
-    from workers.engine.template import standard_label_ids
-
-    return standard_label_ids(chat.encode, chat.eot_id)
+    """The engine and the chat format of its model (tokenizer, special ids), built by the
+    backend `settings.backend` names."""
+    return get_backend(settings.backend).build(settings)
 
 
 def build_classifier(
