@@ -53,7 +53,21 @@ class DecodedImage:
 
 def decode_image(data: bytes, max_pixels: int, *, keep: bool = False) -> DecodedImage:
     """The image in `data`, or ImageRefused (IMAGE_UNREADABLE, IMAGE_TRUNCATED,
-    IMAGE_TOO_LARGE). `keep`: keep the RGB pixels (for an engine that reads them)."""
+    IMAGE_TOO_LARGE). `keep`: keep the RGB pixels (for an engine that reads them).
+
+    Never raises anything else: Pillow's plugins raise many kinds on hostile bytes
+    (struct.error, IndexError, ... as the property test found), and one image must not
+    stop a worker."""
+    try:
+        return _decode(data, max_pixels, keep)
+    except ImageRefused:
+        raise
+    except Exception as exc:
+        code = ErrorCode.IMAGE_TRUNCATED if _truncated(exc) else ErrorCode.IMAGE_UNREADABLE
+        raise ImageRefused(code, _why("file", exc)) from None
+
+
+def _decode(data: bytes, max_pixels: int, keep: bool) -> DecodedImage:
     sha = hashlib.sha256(data).hexdigest()
     try:
         im = Image.open(io.BytesIO(data), formats=READ_FORMATS)

@@ -102,9 +102,7 @@ def _allowed(url: str, settings: ImageSettings) -> _Target:
         raise FetchRefused(ErrorCode.IMAGE_URL_NOT_ALLOWED, f"{norm}: a URL with a user name")
     segments = unquote(parts.path).replace("\\", "/").split("/")
     if any(s in (".", "..") for s in segments):
-        raise FetchRefused(
-            ErrorCode.IMAGE_URL_NOT_ALLOWED, f"{norm}: a '.' or '..' path segment"
-        )
+        raise FetchRefused(ErrorCode.IMAGE_URL_NOT_ALLOWED, f"{norm}: a '.' or '..' path segment")
     prefix = next((p for p in settings.fetch_allow if norm.startswith(p)), None)
     if prefix is None:
         raise FetchRefused(
@@ -170,9 +168,13 @@ class _PinnedConnection(http.client.HTTPConnection):
     def __init__(self, target: _Target, timeout: float) -> None:
         super().__init__(target.host, target.port, timeout=timeout)
         self._target = target
+        # The socket itself, kept for the deadline: http.client drops `sock` from the
+        # connection once a response that ends with the connection is under way.
+        self.raw: socket.socket | None = None
 
     def connect(self) -> None:
         sock = socket.create_connection((str(self._target.address), self.port), self.timeout)
+        self.raw = sock
         if self._target.scheme == "https":
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
         self.sock = sock
@@ -190,7 +192,7 @@ def _get(
 
     def _expire() -> None:  # the deadline: whatever the socket is waiting for ends now
         expired.set()
-        sock = conn.sock
+        sock = conn.raw
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -241,7 +243,7 @@ def _body(
         )
     chunks, size = [], 0
     while True:
-        chunk = resp.read(_CHUNK)
+        chunk = resp.read1(_CHUNK)  # what has come, not a full chunk: the deadline is checked
         if expired.is_set():
             raise TimeoutError
         if not chunk:
