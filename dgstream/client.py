@@ -9,10 +9,11 @@ docs/client.md.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -53,6 +54,25 @@ class RequestFailed(RuntimeError):
         super().__init__(f"{letter.error.code}: {letter.error.message}")
         self.error = letter.error
         self.dead_letter = letter
+
+
+# File signatures of the formats the worker reads (workers.images.decode.READ_FORMATS).
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+
+
+def image_data_url(data: bytes) -> str:
+    """An image file's bytes as a data URL (its type from its signature; WebP by its RIFF
+    header; anything else `image/unknown`: the worker reads the bytes, not the type)."""
+    media = next((m for sig, m in _SIGNATURES if data.startswith(sig)), None)
+    if media is None:
+        media = "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else "image/unknown"
+    return f"data:{media};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 class Client:
@@ -113,10 +133,15 @@ class Client:
         samples: int | str = 1,
         metadata: Mapping[str, Any] | None = None,
         request: Mapping[str, Any] | None = None,
+        images: Sequence[str | bytes] | None = None,
+        instructions: str | None = None,
     ) -> Future[Reply]:
         """Send one request; the future resolves to its result. `request`: a whole body
         in the wire shape (a Jev body without `id` too: it is keyed by a drawn id, which
-        the worker takes as the request's id and the result's `id`)."""
+        the worker takes as the request's id and the result's `id`). `images`: URLs, data
+        URLs or image files' bytes (sent inline); `instructions`: context ahead of the
+        questions. Until the pipeline's engine reads them, both come back as a dead letter
+        (IMAGES_NOT_READ, INSTRUCTIONS_NOT_READ: docs/images.md)."""
         body: dict[str, Any] = (
             dict(request)
             if request is not None
@@ -133,6 +158,11 @@ class Client:
                 body["question_set"] = question_set
             if metadata is not None:
                 body["metadata"] = dict(metadata)
+            if images is not None:
+                # URLs and data URLs as given; an image file's bytes as a data URL.
+                body["images"] = [i if isinstance(i, str) else image_data_url(i) for i in images]
+            if instructions is not None:
+                body["instructions"] = instructions
         body["reply_topic"] = self.reply_topic
         raw = json.dumps(body).encode()
         # A body without an id (Jev's) is sent as it is, keyed by an id drawn here: the

@@ -303,3 +303,12 @@ def test_any_bytes_give_a_code_or_an_rgb_image(data: bytes, width: int, height: 
     )
     too_large = isinstance(bomb, RequestError) and bomb.code is E.IMAGE_TOO_LARGE
     assert too_large == (width * height > 1_000_000)
+
+
+def test_the_clients_image_bytes_go_inline_as_a_data_url_the_worker_reads() -> None:
+    from dgstream.client import image_data_url
+
+    for blob in (_PNG, _JPEG, animated_gif()):
+        req = request({"state": "x", "images": [image_data_url(blob)]})
+        got = asyncio.run(check_images(req, ImageSettings()))
+        assert not isinstance(got, RequestError), got

@@ -77,9 +77,7 @@ async def check_images(
     return out
 
 
-async def _bytes(
-    ref: ImageRef, settings: ImageSettings
-) -> tuple[bytes, str | None] | RequestError:
+async def _bytes(ref: ImageRef, settings: ImageSettings) -> tuple[bytes, str | None] | RequestError:
     if ref.source == "inline":
         data = ref.data()
         if len(data) > settings.max_image_bytes:
@@ -137,8 +135,7 @@ class InputGate:
                 # The dead letter keeps 400 bytes of message: the reason first, then each
                 # image by the start of its SHA-256 (CheckedImage.audit has all of it).
                 named = "; ".join(
-                    f"{c.field} sha256:{c.decoded.sha256[:16]} {c.url or 'inline'}"
-                    for c in checked
+                    f"{c.field} sha256:{c.decoded.sha256[:16]} {c.url or 'inline'}" for c in checked
                 )
                 return RequestError(
                     code=ErrorCode.IMAGES_NOT_READ,
