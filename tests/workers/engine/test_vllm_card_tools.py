@@ -222,3 +222,49 @@ def test_the_engine_caches_go_under_one_folder_and_keep_what_is_set(tmp_path: Pa
     with pytest.raises(ValueError, match="absolute"):
         VllmSettings(cache_dir="relative/caches")
     assert VllmSettings(cache_dir=str(tmp_path)).cache_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("env", "mode"),
+    [
+        ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "15"}, "NONE"),
+        ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, None),
+        ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "lots"}, None),
+        ({}, None),
+    ],
+)
+def test_an_mps_share_runs_without_cuda_graphs(
+    env: dict[str, str], mode: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under an MPS share, graph replays computed NaN for blocks of a step's tokens and the
+    same reads without graphs did not (docs/vllm.md): unset graph modes become NONE there."""
+    pytest.importorskip("vllm")
+    from workers.engine.vllm.args import engine_args, graphs_for_the_share
+    from workers.engine.vllm.settings import VllmSettings
+
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings, why = graphs_for_the_share(VllmSettings(), env)
+    assert settings.cudagraph_mode == mode
+    assert (why is not None) == (mode == "NONE")
+    args = engine_args(VllmSettings())
+    assert args.get("compilation_config", {}).get("cudagraph_mode") == mode
+    if mode == "NONE":
+        # FULL graphs for reads step aside with the graphs.
+        assert args["additional_config"]["dgstream_read_path"]["full_graph_tokens"] == 0
+
+
+def test_an_explicit_graph_mode_under_mps_is_kept(caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("vllm")
+    from workers.engine.vllm.args import graphs_for_the_share
+    from workers.engine.vllm.settings import VllmSettings
+
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    chosen = VllmSettings(cudagraph_mode="PIECEWISE", full_graph_tokens=0)
+    with caplog.at_level("WARNING"):
+        settings, why = graphs_for_the_share(chosen, env)
+    assert settings is chosen and why is None
+    assert "MPS share of 25%" in caplog.text
+    eager = VllmSettings(enforce_eager=True)
+    assert graphs_for_the_share(eager, env) == (eager, None)

@@ -5,7 +5,9 @@ the environment (the caches' folder, diagnostics)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,12 @@ from workers.engine.vllm.sizing import (
 __all__ = [
     "CACHE_ENV",
     "DEBUG_INDUCTOR_ENV",
+    "MPS_SHARE_ENV",
     "apply_cache_dir",
     "debug_inductor_options",
     "engine_args",
+    "graphs_for_the_share",
+    "mps_share",
     "read_path_available",
     "resolve_read_path",
     "serve_command",
@@ -68,6 +73,52 @@ def resolve_read_path(settings: VllmSettings) -> tuple[str, str]:
 # The card an engine may use: DGSTREAM_CARD_GIB when set (the 24 GB emulation sets it for
 
 
+log = logging.getLogger(__name__)
+
+# What limits a process to a share of the GPU's SMs under MPS (the engine core inherits it).
+MPS_SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# Why an engine under an MPS share runs without CUDA graphs (docs/vllm.md, "A slower GPU").
+GRAPHS_UNDER_MPS = (
+    "CUDA graphs replayed in a process held to a share of the SMs by MPS computed NaN "
+    "hidden states for whole blocks of a step's tokens (an H100 at 15%, 2026-12-07: 20 of "
+    "40 batches of 32 failed with the defaults, 14 with piecewise graphs only, 0 without "
+    "graphs, compiled or eager)"
+)
+
+
+def mps_share(environ: Mapping[str, str] | None = None) -> float | None:
+    """The SM share (percent, below 100) MPS holds this process to, else None."""
+    value = (os.environ if environ is None else environ).get(MPS_SHARE_ENV, "").strip()
+    try:
+        share = float(value)
+    except ValueError:
+        return None
+    return share if 0 < share < 100 else None
+
+
+def graphs_for_the_share(
+    settings: VllmSettings, environ: Mapping[str, str] | None = None
+) -> tuple[VllmSettings, str | None]:
+    """The settings an engine runs with under an MPS share, and why they changed (None:
+    unchanged). Unset `cudagraph_mode` becomes "NONE" there: the reads that came back NaN
+    on a compute-limited card did so only from CUDA graphs (GRAPHS_UNDER_MPS), and without
+    them the same reads ran as fast (49.0 reads/s against 50.0 at batch 32, the GPU being
+    the bound). An operator's explicit mode is kept, with a warning."""
+    share = mps_share(environ)
+    if share is None or settings.enforce_eager or settings.cudagraph_mode == "NONE":
+        return settings, None
+    if settings.cudagraph_mode is not None:
+        log.warning(
+            "engine.vllm: cudagraph_mode %r under an MPS share of %g%% of the SMs: %s",
+            settings.cudagraph_mode,
+            share,
+            GRAPHS_UNDER_MPS,
+        )
+        return settings, None
+    why = f"cudagraph_mode 'NONE' under an MPS share of {share:g}% of the SMs: {GRAPHS_UNDER_MPS}"
+    return settings.model_copy(update={"cudagraph_mode": "NONE"}), why
+
+
 # Diagnostics (never set in service): Inductor options for vLLM's compilation config, as
 # `name=value[+name=value]` with JSON values, e.g. `split_reductions=false`.
 DEBUG_INDUCTOR_ENV = "DGSTREAM_DEBUG_INDUCTOR"
@@ -79,7 +130,9 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
     own)."""
     from workers.engine.vllm_reads.options import ReadPathOptions
 
-    settings = check_model(settings)
+    settings, why = graphs_for_the_share(check_model(settings))
+    if why:
+        log.warning("engine.vllm: %s", why)
     path = read_path or settings.read_path
     seqs = min(settings.reads_in_flight(path), MAX_NUM_SEQS if path == "stock" else 10**9)
     utilization = (
