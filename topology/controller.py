@@ -231,41 +231,9 @@ class PipelineRunner:
     # ------------------------------------------------------------------ settings
 
     def worker_settings(self, replica: int) -> Any:
-        from schemas.formats import OutputFields
-        from workers.settings import ActorResources, ProducerTuning, WorkerSettings
-
-        s = self.spec
-        return WorkerSettings(
-            pipeline=s.name,
-            deployment=self.topology.ray.deployment,
-            input_topics=s.input_topics,
-            output_topic=s.output_topic,
-            dead_letter_topic=s.dead_letter_topic,
-            group_id=s.consumer_group,
-            kafka=self.connection,
-            engine=s.engine,
-            images=s.images,
-            question_sets=self.topology.question_sets_for(s),
-            batching=s.batching,
-            delivery=s.delivery,
-            producer=ProducerTuning(compression_type=s.compression_type),
-            input_framing=s.input_framing,
-            output_framing=s.output_framing,
-            schema_registry=s.schema_registry,
-            static_membership=s.static_membership,
-            reply_topics=s.reply_topics,
-            routes=s.routes,
-            # `output_format` and every format's options, whichever formats exist.
-            **{name: getattr(s, name) for name in OutputFields.model_fields},
-            calibration=s.calibration,
-            shadow=s.shadow,
-            tracing=self.topology.tracing,
-            stall_after_s=s.stall_after_s,
-            replica=replica,
-            resources=ActorResources(
-                gpus=s.resources.gpus, cpus=s.resources.cpus, custom=s.resources.custom
-            ),
-        )
+        """This pipeline's replica's settings, built from its spec by the topology
+        (`Topology.worker_settings`: the one path from a spec to a worker's settings)."""
+        return self.topology.worker_settings(self.spec, replica, self.connection)
 
     def replica_prefix(self) -> str:
         from workers.actor import replica_prefix

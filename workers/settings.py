@@ -4,11 +4,18 @@ The topology controller builds one per replica (same pipeline, a different `repl
 hands it to `workers.actor.WorkerActor`; tests build it directly. Every tuning constant says
 where its value came from. Secrets live only inside `kafka` (a `KafkaConnection`), which
 never prints them.
+
+What a pipeline says about its work is declared once, in `PipelineFields`: the topology's
+`PipelineSpec` and `WorkerSettings` both inherit it, with its checks, and
+`WorkerSettings.from_spec` copies it by name. Every other setting is `RUNTIME_ONLY` (the
+replica's identity, the broker, the process's tuning) or comes from a spec field of another
+name (`topology.spec.SPEC_TO_WORKER`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -30,6 +37,7 @@ from workers.routes import Route, check_routes
 from workers.tracing import TracingSettings
 
 __all__ = [
+    "RUNTIME_ONLY",
     "ActorResources",
     "Batching",
     "CompressionType",
@@ -37,9 +45,11 @@ __all__ = [
     "Delivery",
     "Framing",
     "OutageTuning",
+    "PipelineFields",
     "PoisonTuning",
     "ProducerTuning",
     "WorkerSettings",
+    "check_question_sets",
 ]
 
 Delivery = Literal["at_least_once", "exactly_once"]
@@ -203,31 +213,164 @@ class ActorResources(_Frozen):
     custom: dict[str, float] = Field(default_factory=dict)
 
 
-class WorkerSettings(OutputFields, _Frozen):
+def check_question_sets(sets: Mapping[str, Mapping[str, Question]]) -> None:
+    """Each question set has questions, each id is a plain word, and the set has an order
+    it can be asked in (no dependency cycle). ValueError naming `question_sets.<name>`."""
+    for name, questions in sets.items():
+        if not questions:
+            raise ValueError(f"question_sets.{name}: question set {name!r} has no questions")
+        for qid in questions:
+            if not is_question_id(qid):
+                raise ValueError(
+                    f"question_sets.{name}: question id {qid!r} must match {QUESTION_ID_PATTERN}"
+                )
+        try:
+            question_order(questions)
+        except RequestRejected as exc:
+            raise ValueError(f"question_sets.{name}: {exc.error.message}") from exc
+
+
+class PipelineFields(OutputFields, _Frozen):
+    """What a pipeline says about its work, declared once with its checks: the topology's
+    `PipelineSpec` and `WorkerSettings` both inherit it, and `WorkerSettings.from_spec`
+    copies it by name. How results are written (`output_format` and each format's options)
+    comes from `schemas.formats.OutputFields`. The comment right above a field is its row in
+    docs/configuration.md; a block above that one, after a blank line, is for the code's
+    readers."""
+
+    input_topics: list[str] = Field(min_length=1)
+    output_topic: str
+    dead_letter_topic: str
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    # A request's images: limits, and URL fetching (off unless `fetch_allow` names
+    # prefixes; docs/images.md).
+    images: ImageSettings = Field(default_factory=ImageSettings)
+    batching: Batching = Field(default_factory=Batching)
+    # How 240 s adds up (the comment after the blank line is the field's row in the docs):
+    # it is the longest a healthy worker's oldest batch waits with the defaults, its steps
+    # in a row: two batches' engine calls with their retries and splits (max_in_flight 2 x
+    # about 15 calls of about 2 s at 256 reads on a GPU: 60 s), its outputs' acknowledgement
+    # (delivery_timeout_ms, 120 s; past it the failure is an outage), its commit
+    # (commit_timeout_s, 60 s). A revocation's wait (30 s) and a batch's wait to fill (50 ms)
+    # fit within those. Below max_poll_interval_ms (300 s), after which Kafka itself takes
+    # the member's partitions away. The worker counts from when its oldest held batch
+    # started, or from its consumer thread's last poll while it owns lag (`workers.status`;
+    # an outage is not a stall).
+
+    # A replica holding records whose committed offsets have not moved for this long (or
+    # not answering its status calls for this long) is STALLED: `dgstream status` exits 1,
+    # `dgstream_failing{cause="STALLED"}` (docs/operations.md, "Health: STALLED and
+    # FAILING"). 240 s: the longest a healthy worker's oldest batch waits with the defaults
+    # (workers/settings.py says how it adds up).
+    stall_after_s: float = Field(default=240, gt=0)
+    delivery: Delivery = "at_least_once"
+    # "confluent": input values carry the Schema Registry wire format (0x00, a 4-byte schema
+    # id, the JSON); the id is checked against `schema_registry` when set (cached; while the
+    # registry is away, records are read unchecked and counted). A value not framed is
+    # dead-lettered NOT_FRAMED, an id the registry does not know SCHEMA_ID_UNKNOWN.
+    input_framing: Framing = "none"
+    # "confluent": each result is framed with the id of its JSON Schema, registered under
+    # "<topic>-value" of the topic it goes to (needs `schema_registry`). Dead letters are
+    # never framed.
+    output_framing: Framing = "none"
+    # The registry's Confluent-compatible API (Confluent's `http://host:8081`, Apicurio's
+    # `http://host:8080/apis/ccompat/v7`).
+    schema_registry: RegistrySettings | None = None
+    # Static membership (KIP-345): the replica keeps its partitions across restarts (no
+    # rebalance while Ray restarts it) under the instance id `group_instance_id`.
+    static_membership: bool = False
+    # In order: the first route whose `when` holds sends a result to its `topic`; results
+    # no route takes go to output_topic (docs/routes.md). A request's reply_topic wins over
+    # both.
+    routes: list[Route] = Field(default_factory=list)
+    # Where a request's reply_topic may point (shell-style patterns); the output topic is
+    # always allowed, internal topics ("__..."), the input topics and the dead-letter topic
+    # never are. Default: the Python client's reply topics ("dgstream.replies.<id>").
+    reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
+    # A calibration file (`dgstream calibrate` writes it), applied before the routes: its
+    # path, relative to this topology file (`dgstream run` reads it and sends its content).
+    # The engine's probabilities stay beside the calibrated ones.
+    calibration: Calibration | None = None
+    # Shadow mode: a second pipeline on the same input, in its own consumer group, writing
+    # every result to its own output topic; its routes are evaluated (each result's audit
+    # names the one that matched) but not acted on, and reply topics are ignored
+    # (`dgstream compare` reads the two pipelines' results side by side).
+    shadow: bool = False
+
+    # ---------------------------------------------------------------- validation
+
+    @field_validator("input_topics", "output_topic", "dead_letter_topic")
+    @classmethod
+    def _topic_names(cls, value: str | list[str]) -> str | list[str]:
+        for name in [value] if isinstance(value, str) else value:
+            if not is_topic_name(name):
+                raise ValueError(f"{name!r} is not a valid Kafka topic name")
+        return value
+
+    @model_validator(mode="after")
+    def _topics_and_framing(self) -> Self:
+        if self.output_framing != "none" and self.schema_registry is None:
+            raise ValueError("output_framing needs schema_registry (the result schema's id)")
+        outputs = {self.output_topic, self.dead_letter_topic}
+        if outputs & set(self.input_topics):
+            raise ValueError("output and dead-letter topics must differ from the input topics")
+        if len(set(self.input_topics)) != len(self.input_topics):
+            raise ValueError("input_topics lists a topic twice")
+        return self
+
+    def check_references(self, question_sets: Mapping[str, Mapping[str, Question]]) -> None:
+        """The routes and every format's options name only questions of `question_sets` and
+        topics the pipeline may write (ValueError naming the route or option otherwise).
+        The worker's settings check their own question sets; a topology, each pipeline's."""
+        check_routes(
+            self.routes,
+            list(question_sets.values()) or None,
+            forbidden_topics=[*self.input_topics, self.dead_letter_topic],
+        )
+        self.check_output_options({r.name for r in self.routes}, question_sets)
+
+
+# WorkerSettings fields that no pipeline spec field sets: the replica's identity
+# (`deployment`, `replica`, `worker_name`), what the controller passes to every pipeline
+# alike (`kafka`, the topology's `tracing`), and the process's tuning, left at its defaults
+# by the controller. Every other field is a `PipelineFields` field or comes from a spec
+# field of another name (`topology.spec.SPEC_TO_WORKER`); tests/topology/test_config_model.py
+# fails on a field that is neither.
+RUNTIME_ONLY = frozenset(
+    {
+        "deployment",
+        "replica",
+        "worker_name",
+        "kafka",
+        "tracing",
+        "parse_limits",
+        "consumer",
+        "engine_retries",
+        "engine_retry_backoff_s",
+        "outage",
+        "poison",
+        "drain_timeout_s",
+        "commit_timeout_s",
+        "log_level",
+    }
+)
+
+
+class WorkerSettings(PipelineFields):
     """One replica of one pipeline: where to read and write, which engine, how to batch.
-    How results are written (`output_format` and each format's options) comes from
-    `schemas.formats.OutputFields`, the same fields as the topology's pipeline."""
+    What the pipeline says (topics, engine, batching, delivery, framing, routes, output
+    format ...) comes from `PipelineFields`, the same fields as the topology's pipeline;
+    the rest is this replica's (`RUNTIME_ONLY`) or named otherwise in the topology."""
 
     pipeline: str = Field(pattern=_NAME_PATTERN)
     # The topology's `ray.deployment`: two deployments of one pipeline (an upgrade runs
     # the new one beside the old, in the same group) must not share transactional or
     # static member ids, or each would fence the other's replica of the same number.
     deployment: str = Field(default="default", pattern=_NAME_PATTERN)
-    input_topics: list[str] = Field(min_length=1)
-    output_topic: str
-    dead_letter_topic: str
     group_id: str = Field(min_length=1, max_length=249)
     kafka: KafkaConnection
-    engine: EngineSettings = Field(default_factory=EngineSettings)
     question_sets: dict[str, dict[str, Question]] = Field(default_factory=dict)
-    batching: Batching = Field(default_factory=Batching)
-    delivery: Delivery = "at_least_once"
-    # Static membership (KIP-345): the replica keeps its partitions across restarts (no
-    # rebalance while Ray restarts it) under the instance id `group_instance_id`.
-    static_membership: bool = False
     parse_limits: ParseLimits = DEFAULT_LIMITS
-    # A request's images: limits, and URL fetching (off by default; docs/images.md).
-    images: ImageSettings = Field(default_factory=ImageSettings)
     replica: int = Field(default=0, ge=0)
     # Default: "<deployment>.<pipeline>-<replica>". Goes into logs, metrics, result headers and
     # diagnostics, dead letters and the Kafka client id.
@@ -244,30 +387,8 @@ class WorkerSettings(OutputFields, _Frozen):
     engine_retry_backoff_s: float = Field(default=0.05, ge=0)
     outage: OutageTuning = Field(default_factory=OutageTuning)
     poison: PoisonTuning = Field(default_factory=PoisonTuning)
-    # Where a request's reply_topic may point, as shell-style patterns (fnmatch). Default:
-    # the Python client's own reply topics (dgstream.Client names them
-    # "dgstream.replies.<id>"). The output topic is always allowed; internal topics
-    # ("__..."), the input topics and the dead-letter topic never are.
-    reply_topics: list[str] = Field(default_factory=lambda: ["dgstream.replies.*"])
-    # In order: the first route whose condition holds sends a result to its topic; results
-    # no route takes go to output_topic (a request's reply_topic wins over both).
-    routes: list[Route] = Field(default_factory=list)
-    # Per-question temperatures applied to every result before its route is chosen
-    # (`dgstream calibrate` writes them); the engine's probabilities stay beside them.
-    calibration: Calibration | None = None
-    # Shadow mode: routes are evaluated (the audit names the one that matched) but not acted
-    # on, and reply topics are ignored: every result goes to output_topic. A shadow
-    # pipeline reads the same input in a consumer group of its own.
-    shadow: bool = False
     # OpenTelemetry traces (off by default).
     tracing: TracingSettings = Field(default_factory=TracingSettings)
-    # Input values framed by a Schema Registry serializer: the framing is read (and the id
-    # checked when `schema_registry` is set), the JSON after it parsed as usual.
-    input_framing: Framing = "none"
-    # Results framed with the id of their schema, registered under "<topic>-value" of the
-    # topic each goes to (needs `schema_registry`). Dead letters are never framed.
-    output_framing: Framing = "none"
-    schema_registry: RegistrySettings | None = None
     # drain() waits this long for batches in flight before it gives up on them (they
     # are then consumed again by the partitions' next owner).
     drain_timeout_s: float = Field(default=60.0, gt=0)
@@ -277,64 +398,33 @@ class WorkerSettings(OutputFields, _Frozen):
     # so does this. At-least-once tries again on the next pass; exactly-once fails the
     # worker (the transaction's state is unknown; the next incarnation aborts it).
     commit_timeout_s: float = Field(default=60.0, gt=0)
-    # A worker that holds records it polled and has not committed, and whose committed
-    # offsets for them have not moved for this long (or whose consumer thread has not
-    # polled for this long while it owns lag), is STALLED (`workers.status`; an outage is
-    # not a stall). 240 s is the longest a healthy worker's oldest batch waits with the
-    # defaults, its steps in a row: two batches' engine calls with their retries and splits
-    # (max_in_flight 2 x about 15 calls of about 2 s at 256 reads on a GPU: 60 s), its
-    # outputs' acknowledgement (delivery_timeout_ms, 120 s; past it the failure is an
-    # outage), its commit (commit_timeout_s, 60 s). A revocation's wait (30 s) and a batch's
-    # wait to fill (50 ms) fit within those. Below max_poll_interval_ms (300 s), after which
-    # Kafka itself takes the member's partitions away.
-    stall_after_s: float = Field(default=240.0, gt=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
-    # ---------------------------------------------------------------- validation
-
-    @field_validator("input_topics", "output_topic", "dead_letter_topic")
     @classmethod
-    def _topic_names(cls, value: str | list[str]) -> str | list[str]:
-        for name in [value] if isinstance(value, str) else value:
-            if not is_topic_name(name):
-                raise ValueError(f"{name!r} is not a valid Kafka topic name")
-        return value
+    def from_spec(cls, spec: PipelineFields, **fields: Any) -> WorkerSettings:
+        """A replica's settings: every `PipelineFields` field of `spec` (a topology's
+        `PipelineSpec`) copied by name, and `fields`: the `RUNTIME_ONLY` ones and the spec's
+        fields of other names (`topology.spec.Topology.worker_settings` passes them). A
+        field given both ways is refused: the spec's is the one."""
+        shared = {name: getattr(spec, name) for name in PipelineFields.model_fields}
+        twice = sorted(shared.keys() & fields.keys())
+        if twice:
+            raise TypeError(f"WorkerSettings.from_spec: {twice} come from the spec")
+        return cls.model_validate({**shared, **fields})
+
+    # ---------------------------------------------------------------- validation
 
     @field_validator("question_sets")
     @classmethod
     def _question_sets(
         cls, value: dict[str, dict[str, Question]]
     ) -> dict[str, dict[str, Question]]:
-        for name, questions in value.items():
-            if not questions:
-                raise ValueError(f"question set {name!r} has no questions")
-            for qid in questions:
-                if not is_question_id(qid):
-                    raise ValueError(
-                        f"question set {name!r}: question id {qid!r} must match "
-                        f"{QUESTION_ID_PATTERN}"
-                    )
-            try:
-                question_order(questions)
-            except RequestRejected as exc:
-                raise ValueError(f"question set {name!r}: {exc.error.message}") from exc
+        check_question_sets(value)
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> WorkerSettings:
-        if self.output_framing != "none" and self.schema_registry is None:
-            raise ValueError("output_framing needs schema_registry (the result schema's id)")
-        outputs = {self.output_topic, self.dead_letter_topic}
-        if outputs & set(self.input_topics):
-            raise ValueError("output and dead-letter topics must differ from the input topics")
-        if len(set(self.input_topics)) != len(self.input_topics):
-            raise ValueError("input_topics lists a topic twice")
-        check_routes(
-            self.routes,
-            list(self.question_sets.values()) or None,
-            forbidden_topics=[*self.input_topics, self.dead_letter_topic],
-        )
-        self.check_output_options({r.name for r in self.routes}, self.question_sets)
+    def _references(self) -> WorkerSettings:
+        self.check_references(self.question_sets)
         return self
 
     # ---------------------------------------------------------------- derived names
