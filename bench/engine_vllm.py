@@ -36,14 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # The rows' harness and their section (bench/harness/card_rows.py: the tests check it there).
-from bench import use_test_support
 from bench.harness.card_rows import measure, probe, scheduling_name
-
-# The full-size model's directory is still test support's (tests/support/full_size.py, to
-# move into bench/harness/): the one import of bench/ outside bench/gpu/ that reaches it.
-use_test_support()
-
-from support.full_size import full_size_dir, stable_root  # noqa: E402
+from bench.harness.full_size import full_size_dir, stable_root
 
 # Every label id `bench.engine_gpu.make_reads` puts on a canvas.
 SHARED_LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)

@@ -33,11 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import use_test_support
-
-use_test_support()
-
-from support.vllm_soak import SIZES, Recorder, parse_phases, workload  # noqa: E402
+from bench.harness.vllm_soak import SIZES, Recorder, parse_phases, workload
 
 STARTED = time.monotonic()
 

@@ -93,12 +93,8 @@ def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
     assert _imports(f) == {"topology.spec", "kafka.admin"}
 
 
-# What still reaches tests/ from bench/ (through `bench.use_test_support`): bench/gpu/ as a
-# whole, and these imports, each until its module moves into bench/harness/.
-_BENCH_EXEMPT_FOLDER = "bench/gpu/"
-_BENCH_REACHES_TESTS: dict[str, set[str]] = {
-    "bench/engine_vllm.py": {"support.full_size"},
-}
+# What may still reach tests/ from bench/: nothing (the GPU scripts' harness moved too).
+_BENCH_REACHES_TESTS: dict[str, set[str]] = {}
 
 
 def _test_helper_names() -> set[str]:
@@ -120,7 +116,7 @@ def _bench_crossings(root: Path, helpers: set[str]) -> list[str]:
     crossings = []
     for path in sorted((root / "bench").rglob("*.py")):
         rel = str(path.relative_to(root))
-        if "__pycache__" in path.parts or rel.startswith(_BENCH_EXEMPT_FOLDER):
+        if "__pycache__" in path.parts:
             continue
         allowed = _BENCH_REACHES_TESTS.get(rel, set())
         for name in sorted(_imports(path)):
@@ -147,8 +143,8 @@ def _bench_crossings(root: Path, helpers: set[str]) -> list[str]:
 
 
 def test_benchmarks_are_a_package() -> None:
-    """bench/ reaches nothing of tests/ (bench/gpu/ and the listed imports aside), the
-    harness no script, and the tests only the harness."""
+    """bench/ reaches nothing of tests/ (bench/gpu/ included), the harness no script, and
+    the tests only the harness."""
     crossings = _bench_crossings(ROOT, _test_helper_names())
     assert not crossings, "\n".join(crossings)
     # The exceptions are real: each still imports what it is excused for.
@@ -170,6 +166,7 @@ def test_the_bench_check_finds_a_crossing(tmp_path: Path) -> None:
     (tmp_path / "bench" / "gpu" / "w.py").write_text("from support.vllm_soak import SIZES\n")
     (tmp_path / "tests" / "test_a.py").write_text("from bench.harness.z import q\nimport bench.x\n")
     assert _bench_crossings(tmp_path, {"support", "kafka_fakes"}) == [
+        "bench/gpu/w.py: import support.vllm_soak (tests/)",
         "bench/harness/z.py: import bench.report (a script)",
         "bench/x.py: import support.fault_matrix (tests/)",
         "bench/y.py: import kafka_fakes (tests/)",

@@ -21,8 +21,8 @@ from demo_model_bar import (
     assert_bar_met,
     assert_miswiring_caught,
 )
-from support.miswire import MISWIRINGS, miswire_swap_labels
 
+from bench.harness.miswire import MISWIRINGS, miswire_swap_labels
 from topology import demo_tasks as dt
 from workers.engine import models
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import nvfp4 as q
 
+from bench.harness import nvfp4 as q
 from workers.engine.models import TRAINED_DIRS
 
 DEMO = TRAINED_DIRS["demo"]

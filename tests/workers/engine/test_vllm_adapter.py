@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from support.vllm_model import write_model_dir
 
+from bench.harness.vllm_model import write_model_dir
 from workers.engine.models import DIFFUSION_GENERATION
 from workers.engine.types import (
     Engine,

@@ -19,7 +19,8 @@ sys.path.insert(0, str(ROOT / "bench" / "gpu"))
 import card_profiles as cp  # noqa: E402
 import next_round  # noqa: E402
 import soak_compare  # noqa: E402
-from support.vllm_soak import SIZES, parse_phases, workload  # noqa: E402
+
+from bench.harness.vllm_soak import SIZES, parse_phases, workload  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

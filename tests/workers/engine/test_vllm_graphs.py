@@ -276,8 +276,7 @@ def test_what_the_engine_hands_vllm_follows_the_resolved_bound(
 def test_the_engine_says_at_start_which_graphs_its_mixed_steps_get(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from support.vllm_model import write_model_dir
-
+    from bench.harness.vllm_model import write_model_dir
     from workers.engine.vllm.engine import VllmEngine
 
     model_dir = write_model_dir(tmp_path, 512)

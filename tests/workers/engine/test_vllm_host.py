@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.vllm_model import write_model_dir
-from support.vllm_scheduler import PROMPT, WIDTH
+
+from bench.harness.vllm_model import write_model_dir
+from bench.harness.vllm_scheduler import PROMPT, WIDTH
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -40,7 +41,7 @@ def test_the_scheduler_host_bench_serves_every_read_in_the_steps_its_mode_takes(
     """bench/engine_host.py's loop (tests/support/vllm_scheduler.py) from a clean
     checkout: every read of each batch served (it raises on any left), in the engine
     steps its mode takes, with each phase timed."""
-    from support.vllm_scheduler import host_cost
+    from bench.harness.vllm_scheduler import host_cost
 
     got = host_cost(model_dir, batch=32, kind=kind, mode=mode, rounds=2)
     assert got["steps"] == steps
@@ -53,8 +54,8 @@ def test_the_front_end_bench_reads_every_answer_through_vllms_processors(tmp_pat
     checkout: each read's request through vLLM's input processor, its output back through
     the messages and the output processor, and the engine's `parse_output` reading each
     slot's labels (equal logprobs: equal probabilities)."""
-    from support.reads import make_reads
-    from support.vllm_frontend import CORE, FRONT, VOCAB, FrontEnd
+    from bench.harness.reads import make_reads
+    from bench.harness.vllm_frontend import CORE, FRONT, VOCAB, FrontEnd
 
     reads = make_reads(8, PROMPT, WIDTH, 0, VOCAB, random.Random(1))
     took, results = FrontEnd(8, tmp_path).serve("t", reads)

@@ -41,8 +41,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm")
 
 from demo_model_bar import assert_bar_met  # noqa: E402
-from support import nvfp4  # noqa: E402
 
+from bench.harness import nvfp4  # noqa: E402
 from topology import demo_tasks  # noqa: E402
 from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
 from workers.engine.models import TRAINED_DIRS  # noqa: E402

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.vllm_model import write_model_dir
-from support.vllm_scheduler import (
+
+from bench.harness.vllm_model import write_model_dir
+from bench.harness.vllm_scheduler import (
     BLOCK,
     WIDTH,
     burst,
@@ -24,7 +25,6 @@ from support.vllm_scheduler import (
     scheduler,
     vllm_config,
 )
-
 from workers.engine.vllm.codec import TWO_STEP_KEY, build_sampling_params
 from workers.engine.vllm.settings import VllmSettings
 from workers.engine.vllm_reads.plan import fused_indices, fused_ranges

@@ -41,8 +41,7 @@ PCT = os.environ.get("DGSTREAM_SLOW_GPU_PCT")
 if not PCT:
     pytest.skip("set DGSTREAM_SLOW_GPU_PCT (and start MPS) to run", allow_module_level=True)
 
-from support.vllm_soak import workload  # noqa: E402
-
+from bench.harness.vllm_soak import workload  # noqa: E402
 from workers.engine.vllm.engine import VllmEngine  # noqa: E402
 from workers.engine.vllm.settings import VllmSettings  # noqa: E402
 
@@ -55,7 +54,7 @@ LABELS = (100, 101, 200, 201, 202, 203, 300, 301, 302, 303, 304)
 
 
 async def _run(**knobs: Any) -> dict[str, Any]:
-    from support.full_size import full_size_dir, stable_root
+    from bench.harness.full_size import full_size_dir, stable_root
 
     os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(PCT)  # the engine core inherits it
     settings = VllmSettings(

@@ -14,7 +14,7 @@ import math
 import random
 from typing import Any
 
-from support.reads import make_reads
+from bench.harness.reads import make_reads
 
 # A cycle of batch sizes from 1 to 256 whose reads are mostly in large batches, as a busy
 # worker's are (1,151 reads a cycle; nine cycles pass 10,000).
