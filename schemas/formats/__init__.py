@@ -19,11 +19,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Mapping, Set
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from schemas.formats._base import Format, NoOptions
+from schemas.registry import Registry
 from schemas.request import Question
 
 __all__ = [
@@ -40,57 +41,22 @@ __all__ = [
 
 DEFAULT_FORMAT = "dgstream"
 
-_FORMATS: dict[str, Format[Any]] = {}
-# Set once `OutputFields` exists: its options fields are fixed from then on.
-_fields_built = False
-
-F = TypeVar("F", bound=type[Format[Any]])
-
-
-def register(cls: F) -> F:
-    """Class decorator: adds one instance of `cls` to the registry under `cls.name`."""
-    fmt = cls()
-    if fmt.name in _FORMATS:
-        raise ValueError(f"output format {fmt.name!r} is registered twice")
-    if fmt.options_key is not None:
-        if _fields_built:
-            # The pipeline models are built from the registry once; a key added later would
-            # be refused by them, so say it here rather than when a topology is read.
-            raise ValueError(
-                f"output format {fmt.name!r}: a format with an options key is a module of "
-                "schemas/formats/ (registered before the pipeline models are built)"
-            )
-        taken = {f.options_key for f in _FORMATS.values()}
-        if fmt.options_key in taken or fmt.options_key in _OutputFields.model_fields:
-            raise ValueError(f"output format {fmt.name!r}: options key {fmt.options_key!r} taken")
-    _FORMATS[fmt.name] = fmt
-    return cls
-
-
-def unregister(name: str) -> None:
-    """Remove a format (tests register toy ones and remove them again)."""
-    fmt = _FORMATS[name]
-    if fmt.options_key is not None:
-        raise ValueError(f"output format {name!r} has pipeline options and stays registered")
-    del _FORMATS[name]
-
-
-def get_format(name: str) -> Format[Any]:
-    """The format named `name`; ValueError naming the registered ones otherwise."""
-    try:
-        return _FORMATS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown output format {name!r}; expected one of {format_names()}"
-        ) from None
-
-
-def format_names() -> tuple[str, ...]:
-    return tuple(_FORMATS)
+# The reserved keys are the fields `OutputFields` holds besides the formats' options.
+_REGISTRY: Registry[Format[Any]] = Registry(
+    "output format",
+    key_attr="options_key",
+    key_kind="options key",
+    home="schemas/formats/",
+    reserved=lambda: set(_OutputFields.model_fields),
+)
+register = _REGISTRY.register
+unregister = _REGISTRY.unregister
+get_format = _REGISTRY.get
+format_names = _REGISTRY.names
 
 
 def formats() -> tuple[Format[Any], ...]:
-    return tuple(_FORMATS.values())
+    return tuple(_REGISTRY)
 
 
 class _OutputFields(BaseModel):
@@ -125,15 +91,11 @@ class _OutputFields(BaseModel):
 
 
 def _build_output_fields() -> type[_OutputFields]:
-    global _fields_built
     fields: dict[str, Any] = {}
-    for fmt in formats():
-        if fmt.options_key is None:
-            continue
+    for key, fmt in _REGISTRY.keyed():
         doc = " ".join((fmt.options.__doc__ or "").split())
         described = Field(default_factory=fmt.options, description=doc)
-        fields[fmt.options_key] = (fmt.options, described)
-    _fields_built = True
+        fields[key] = (fmt.options, described)
     model: type[_OutputFields] = create_model(
         "OutputFields", __base__=_OutputFields, __module__=__name__, **fields
     )

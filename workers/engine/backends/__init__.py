@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, TypeVar
+from typing import Any
 
+from schemas.registry import Registry
 from workers.engine.backends._base import Backend, NoSettings
 
 __all__ = [
@@ -30,59 +31,20 @@ __all__ = [
     "unregister",
 ]
 
-_BACKENDS: dict[str, Backend[Any]] = {}
-# Set once the engine's settings model exists: its settings keys are fixed from then on.
-_settings_built = False
-
-B = TypeVar("B", bound=type[Backend[Any]])
-
-
-def register(cls: B) -> B:
-    """Class decorator: adds one instance of `cls` to the registry under `cls.name`."""
-    backend = cls()
-    if backend.name in _BACKENDS:
-        raise ValueError(f"engine backend {backend.name!r} is registered twice")
-    if backend.settings_key is not None:
-        if _settings_built:
-            # The engine's settings model is built from the registry once; a key added
-            # later would be refused by it, so say it here rather than when a topology is read.
-            raise ValueError(
-                f"engine backend {backend.name!r}: a backend with a settings key is a module "
-                "of workers/engine/backends/ (registered before the settings are built)"
-            )
-        taken = {b.settings_key for b in _BACKENDS.values()}
-        if backend.settings_key in taken:
-            raise ValueError(
-                f"engine backend {backend.name!r}: settings key {backend.settings_key!r} taken"
-            )
-    _BACKENDS[backend.name] = backend
-    return cls
-
-
-def unregister(name: str) -> None:
-    """Remove a backend (tests register toy ones and remove them again)."""
-    backend = _BACKENDS[name]
-    if backend.settings_key is not None:
-        raise ValueError(f"engine backend {name!r} has settings of its own and stays registered")
-    del _BACKENDS[name]
-
-
-def get_backend(name: str) -> Backend[Any]:
-    """The backend named `name`; ValueError naming the registered ones otherwise."""
-    try:
-        return _BACKENDS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown engine backend {name!r}; expected one of {backend_names()}"
-        ) from None
-
-
-def backend_names() -> tuple[str, ...]:
-    return tuple(_BACKENDS)
+_REGISTRY: Registry[Backend[Any]] = Registry(
+    "engine backend",
+    key_attr="settings_key",
+    key_kind="settings key",
+    home="workers/engine/backends/",
+)
+register = _REGISTRY.register
+unregister = _REGISTRY.unregister
+get_backend = _REGISTRY.get
+backend_names = _REGISTRY.names
 
 
 def backends() -> tuple[Backend[Any], ...]:
-    return tuple(_BACKENDS.values())
+    return tuple(_REGISTRY)
 
 
 def settings_fields() -> dict[str, Any]:
@@ -90,15 +52,11 @@ def settings_fields() -> dict[str, Any]:
     `create_model`); the keys are fixed from then on."""
     from pydantic import Field
 
-    global _settings_built
     fields: dict[str, Any] = {}
-    for backend in backends():
-        if backend.settings_key is None:
-            continue
+    for key, backend in _REGISTRY.keyed():
         doc = f"`backend: {backend.name}`'s settings."
         described = Field(default_factory=backend.settings, description=doc)
-        fields[backend.settings_key] = (backend.settings, described)
-    _settings_built = True
+        fields[key] = (backend.settings, described)
     return fields
 
 
