@@ -18,6 +18,7 @@ import unicodedata
 
 __all__ = [
     "BIDI_CONTROLS",
+    "DEPLOYMENT_NAME_PATTERN",
     "QUESTION_ID_PATTERN",
     "TOPIC_CHARS",
     "TOPIC_PATTERN",
@@ -30,6 +31,9 @@ __all__ = [
 TOPIC_CHARS = "a-zA-Z0-9._-"  # a regex character class's body
 TOPIC_PATTERN = rf"^[{TOPIC_CHARS}]{{1,249}}$"
 QUESTION_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+# Pipeline and deployment names: they go into Ray actor names and Kubernetes labels (a DNS
+# label: 63 characters, lower-case alphanumerics and '-', alphanumeric at both ends).
+DEPLOYMENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 _TOPIC = re.compile(TOPIC_PATTERN)
 _QUESTION_ID = re.compile(QUESTION_ID_PATTERN)

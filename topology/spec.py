@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from schemas import Question
+from schemas.names import DEPLOYMENT_NAME_PATTERN
 from schemas.request import QUESTION_TYPES
 from workers.kafka_settings import KafkaConnection
 from workers.settings import (
@@ -37,7 +38,7 @@ from workers.settings import (
 )
 from workers.tracing import TracingSettings
 
-_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"  # pipeline names go into actor names
+_NAME = DEPLOYMENT_NAME_PATTERN  # pipeline names go into actor names
 
 
 class _Frozen(BaseModel):

@@ -27,7 +27,12 @@ from schemas import (
     question_order,
 )
 from schemas.formats import OutputFields
-from schemas.names import QUESTION_ID_PATTERN, is_question_id, is_topic_name
+from schemas.names import (
+    DEPLOYMENT_NAME_PATTERN,
+    QUESTION_ID_PATTERN,
+    is_question_id,
+    is_topic_name,
+)
 from workers.calibration import Calibration
 from workers.engine.factory import EngineSettings
 from workers.images.settings import ImageSettings
@@ -61,7 +66,7 @@ CompressionType = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 # Pipeline names go into actor names, client ids, transactional ids and instance ids
 # (the topology spec uses the same rule).
-_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_NAME_PATTERN = DEPLOYMENT_NAME_PATTERN
 
 
 class _Frozen(BaseModel):
