@@ -74,13 +74,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from workers.engine.vllm.engine import VllmEngine
     from workers.engine.vllm.settings import VllmSettings
 
-    root = stable_root()  # one path on every start: the compile cache hits
-    settings = VllmSettings(
-        model=str(full_size_dir("nvfp4", root)),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        **json.loads(args.settings or "{}"),
-    )
+    knobs = json.loads(args.settings or "{}")
+    if args.model == "full-size":
+        root = stable_root()  # one path on every start: the compile cache hits
+        settings = VllmSettings(
+            model=str(full_size_dir("nvfp4", root)),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            **knobs,
+        )
+    else:
+        # A small model with real weights: its reads differ from prompt to prompt far more
+        # than the dummy weights' do, so a read answered with another's values shows.
+        from workers.engine.models import TRAINED_DIRS
+
+        model = TRAINED_DIRS["demo"].parent / args.model
+        settings = VllmSettings(model=str(model), skip_tokenizer_init=True, **knobs)
     engine = VllmEngine(settings, shared_labels=SHARED_LABELS)
     recorder = Recorder()
     recorder.install()
@@ -89,6 +98,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     start_s = time.perf_counter() - t0
     print(f"# engine started in {start_s:.1f} s", flush=True)
     vocab = engine.info.vocab_size
+    if args.model != "full-size":
+        # The demo's image and image-boundary ids sit at the top of its 2,048 ids: a prompt
+        # holding one would be a multimodal prompt without its image.
+        config = json.loads((Path(settings.model) / "config.json").read_text())
+        vocab = min(vocab, *(config[k] for k in ("boi_token_id", "eoi_token_id", "image_token_id")))
     sizes = tuple(int(x) for x in args.sizes.split(","))
     batches = workload(args.seed, args.reads, sizes, vocab)
     phases = parse_phases(args.phases) if args.phases else [("all", 0, ())]
@@ -155,6 +169,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "info": {
             "name": args.name,
+            "model": args.model,
             "seed": args.seed,
             "mps_active_thread_percentage": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
             "card_gib": os.environ.get("DGSTREAM_CARD_GIB"),
@@ -175,6 +190,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
     ap.add_argument("--out", required=True, help="JSON file")
+    ap.add_argument(
+        "--model",
+        default="full-size",
+        choices=("full-size", "demo", "demo-nvfp4"),
+        help="the full-size NVFP4 shape (dummy weights) or a committed demo checkpoint",
+    )
     ap.add_argument("--reads", type=int, default=10_000)
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     ap.add_argument("--seed", type=int, default=0)

@@ -24,7 +24,9 @@
 #                                                 # each its own 23.6 GiB card and SM share:
 #                                                 # SPEC = NAME:PCT[:VAR=VAL[,VAR=VAL]]:SOAK_ARGS
 #                                                 # (PCT 100 = the whole GPU); logs and JSON in
-#                                                 # $OUT/engines (kept as they grow)
+#                                                 # $OUT/engines (kept as they grow);
+#                                                 # SOAK_ARGS `pytest [PATH]`: a gpu test
+#                                                 # file instead (the slow-GPU test)
 #
 # CARD_PROFILE=l4|a10|rtx4090|rtx3090 (or CARD_PCT=N) with `card`: the emulated card is also
 # compute-limited, to the SM share `calibrate` chose for that card (bench/gpu/card/
@@ -174,9 +176,11 @@ case "${1:-}" in
           cp -r "/root/cache-$CACHE_FROM" "$c"
         fi
         if [ "${rest%% *}" = pytest ]; then
-          # The slow-GPU test at this share (its JSON lands beside the logs).
+          # A gpu test file at this share, the slow-GPU test unless named (`pytest PATH`);
+          # its JSON lands beside the logs.
+          tests=${rest#pytest}; tests=${tests# }
           DGSTREAM_SLOW_GPU_PCT=$pct DGSTREAM_GPU_OUT=$work timeout -k 10 "${RUN_TIMEOUT:-560}" \
-            python3 -m pytest tests/workers/engine/test_vllm_slow_gpu.py -m gpu -v -s \
+            python3 -m pytest "${tests:-tests/workers/engine/test_vllm_slow_gpu.py}" -m gpu -v -s \
             -p no:cacheprovider > "$work/soak_$name.log" 2>&1
         else
           # shellcheck disable=SC2086
