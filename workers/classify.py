@@ -23,6 +23,7 @@ from workers.engine.classifier import Classifier
 from workers.engine.types import (
     EngineUnavailable,
     FatalEngineError,
+    ReadImage,
     ReadRejected,
     RecoverableEngineError,
 )
@@ -68,14 +69,25 @@ class BatchClassifier:
         self._log = log
         self.calls = 0
         self._answered = False  # some call of this batch went through
+        # The images the gate checked, by the request object (splits keep the objects).
+        self._images: dict[int, tuple[ReadImage, ...]] = {}
 
     async def classify(self, requests: Sequence[ClassificationRequest]) -> list[Outcome]:
         self.calls, self._answered = 0, False
+        try:
+            return await self._classify(requests)
+        finally:
+            self._images = {}  # decoded pixels are large: not kept past the batch
+
+    async def _classify(self, requests: Sequence[ClassificationRequest]) -> list[Outcome]:
         if self._gate is None:
             return await self._solve(requests, whole=True)
         # Requests whose images (or request-level instructions) the engine would not read
-        # are refused here; the others go to the engine as before, in order.
-        refused = await self._gate.refusals(requests)
+        # are refused here; the others go to the engine as before, in order, with the
+        # images it reads.
+        checked = await self._gate.check(requests)
+        refused = checked.refused
+        self._images = {id(requests[i]): images for i, images in checked.images.items()}
         if not refused:
             return await self._solve(requests, whole=True)
         rest = [r for i, r in enumerate(requests) if i not in refused]
@@ -104,7 +116,11 @@ class BatchClassifier:
                 await asyncio.sleep(self._backoff_s * (2 ** (i - 1)))
             self.calls += 1
             try:
-                out = await self._classifier.classify(sub)
+                if any(id(r) in self._images for r in sub):
+                    images = [self._images.get(id(r), ()) for r in sub]
+                    out = await self._classifier.classify(sub, images)
+                else:
+                    out = await self._classifier.classify(sub)
             except FatalEngineError:
                 raise
             except EngineUnavailable as exc:  # before RecoverableEngineError: an outage

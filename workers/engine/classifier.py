@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas import (
@@ -43,7 +43,7 @@ from workers.engine.template import (
     system_text,
     user_text,
 )
-from workers.engine.types import Engine, Read, SlotRead
+from workers.engine.types import Engine, Read, ReadImage, SlotRead
 
 # `auto` defaults: one read; up to 4 when a slot's entropy is above 0.5 nats. 0.5 nats is
 # about a 80/20 yes/no split (H(0.8) = 0.50): below that, one more read rarely flips the
@@ -83,6 +83,7 @@ class _Job:
     output_tokens: int = 0
     engine_ms: float = 0.0
     error: RequestError | None = None
+    images: tuple[ReadImage, ...] = ()  # every read of the request carries them
 
 
 class Classifier:
@@ -100,10 +101,16 @@ class Classifier:
         self.layouts = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
 
     async def classify(
-        self, requests: Sequence[ClassificationRequest]
+        self,
+        requests: Sequence[ClassificationRequest],
+        images: Sequence[Sequence[ReadImage]] | None = None,
     ) -> list[ClassificationResult | RequestError]:
+        """`images`: each request's checked images (workers.images), in its order."""
         t0 = time.perf_counter()
-        jobs = [self._job(r) for r in requests]
+        jobs = [
+            self._job(r, tuple(images[i]) if images is not None else ())
+            for i, r in enumerate(requests)
+        ]
         depth = max((len(j.stages) for j in jobs if j.error is None), default=0)
         for stage in range(depth):
             chunks: list[tuple[_Job, _Chunk]] = []
@@ -125,7 +132,20 @@ class Classifier:
 
     # ------------------------------------------------------------------ planning
 
-    def _job(self, request: ClassificationRequest) -> _Job:
+    def _job(self, request: ClassificationRequest, images: tuple[ReadImage, ...] = ()) -> _Job:
+        if request.image_refs and (
+            len(images) != len(request.image_refs) or not self.engine.info.reads_images
+        ):
+            # Images that do not reach the engine: never answer from the text alone.
+            err = RequestError(
+                code=ErrorCode.IMAGES_NOT_READ,
+                message=f"images: {len(request.image_refs)} in the request, {len(images)} "
+                f"given to the engine ({self.engine.info.backend}, reads images: "
+                f"{self.engine.info.reads_images}); answered from its text alone the request "
+                "would be wrong",
+                field="images",
+            )
+            return _Job(request, {}, [], error=err)
         questions: Mapping[str, Any] | None = request.questions
         if questions is None:
             name = request.question_set or ""
@@ -137,7 +157,7 @@ class Classifier:
                     field="question_set",
                 )
                 return _Job(request, {}, [], error=err)
-        return _Job(request, dict(questions), question_order(questions))
+        return _Job(request, dict(questions), question_order(questions), images=images)
 
     def _plan_stage(self, job: _Job, qids: Sequence[str]) -> list[_Chunk]:
         asked: list[str] = []
@@ -197,6 +217,8 @@ class Classifier:
                     seed=seed,
                     tag=f"{job.request.id}#{k}",
                 )
+                if job.images:
+                    read = replace(read, images=job.images)
                 reads.append(read)
                 owners.append(chunk)
                 job.reads += 1

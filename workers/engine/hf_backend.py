@@ -1,7 +1,12 @@
 """The transformers backend: `DiffusionGemmaForBlockDiffusion`, one decoder pass per read.
 
 How a batch of reads runs (numbered as in `_read_sync`):
-1. Reads with the same prompt share one encoder pass (several samples of a request).
+1. Reads with the same prompt and images share one encoder pass (several samples of a
+   request). A read's images (`Read.images`, when the model has a vision tower) become
+   placeholder blocks laid into its prompt just before the user's text
+   (`workers.engine.vision`); the tower's soft tokens replace the placeholders' embeddings
+   in the same encoder pass, at the positions the engine laid them (not wherever the
+   image token's id appears: in the demo vocabulary that id is also the word " Day").
 2. Prompts with the same shared prefix (chat header + system text of a question set) reuse
    that prefix's KV cache, computed once and kept in a small LRU; only the suffixes (the
    user turns) are encoded, batched and LEFT-padded. Left padding keeps every distance
@@ -27,6 +32,7 @@ import threading
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +41,33 @@ from workers.engine.types import (
     EngineInfo,
     FatalEngineError,
     Read,
+    ReadImage,
+    ReadRejected,
     ReadResult,
     RecoverableEngineError,
     SlotRead,
 )
+from workers.engine.vision import VisionInput
+
+# A prompt as the encoder sees it is named by its text prompt and its images' hashes: two
+# requests with the same text and different images must not share an encoder pass.
+_Key = tuple[tuple[int, ...], tuple[str, ...]]
 
 
 def _torch() -> Any:
     import torch
 
     return torch
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """One distinct prompt of a batch, as the encoder sees it."""
+
+    ids: tuple[int, ...]  # the text prompt with the images' blocks laid in
+    shared: int  # the read's shared_prefix_len (the images come after it)
+    images: tuple[ReadImage, ...] = ()
+    image_at: tuple[int, ...] = ()  # positions in `ids` of the image tokens, in order
 
 
 class TransformersEngine:
@@ -71,6 +94,7 @@ class TransformersEngine:
         self._prefix_entries = prefix_cache_entries
         self._softcap = float(self.text_config.final_logit_softcapping or 0.0)
         self._window = int(self.text_config.sliding_window or 0)
+        self._vision = VisionInput.for_model(model)
         # One forward at a time: the model is not re-entrant and owns the device.
         self._lock = threading.Lock()
         self._info = EngineInfo(
@@ -79,6 +103,7 @@ class TransformersEngine:
             canvas_length=int(model.config.canvas_length or 256),
             vocab_size=int(self.text_config.vocab_size),
             device=str(self.device),
+            reads_images=self._vision is not None,
         )
         self.stats: dict[str, int] = defaultdict(int)
         # No `torch.set_grad_enabled(False)` here: it would switch autograd off for the
@@ -133,18 +158,17 @@ class TransformersEngine:
     def _read_batch(self, reads: Sequence[Read]) -> list[ReadResult]:
         torch = _torch()
         t0 = time.perf_counter()
-        # 1. unique prompts
-        prompts: dict[tuple[int, ...], int] = {}
-        for r in reads:
-            prompts.setdefault(r.prompt_ids, len(prompts))
+        # 1. unique prompts (text and images)
+        keys: list[_Key] = [(r.prompt_ids, tuple(im.sha256 for im in r.images)) for r in reads]
+        prompts: dict[_Key, _Prompt] = {}
+        for i, (r, key) in enumerate(zip(reads, keys, strict=True)):
+            if key not in prompts:
+                prompts[key] = self._prompt(i, r)
         # 2. encode, grouped by shared prefix
-        by_prefix: dict[tuple[int, ...], list[tuple[int, ...]]] = defaultdict(list)
-        first_read: dict[tuple[int, ...], Read] = {}
-        for r in reads:
-            first_read.setdefault(r.prompt_ids, r)
-        for p in prompts:
-            n = first_read[p].shared_prefix_len if self.reuse_prefix else 0
-            by_prefix[p[:n]].append(p)
+        by_prefix: dict[tuple[int, ...], list[_Key]] = defaultdict(list)
+        for key, p in prompts.items():
+            n = p.shared if self.reuse_prefix else 0
+            by_prefix[p.ids[:n]].append(key)
         # A prefix seen once in this batch and not cached saves nothing: encoding it alone
         # would cost an extra pass. Such prompts are encoded whole, batched together.
         lone = [
@@ -154,28 +178,26 @@ class TransformersEngine:
         ]
         for pre in lone:
             by_prefix[()].extend(by_prefix.pop(pre))
-        encoded: dict[tuple[int, ...], tuple[Any, int, Any, int]] = {}
+        encoded: dict[_Key, tuple[Any, int, Any, int]] = {}
         for prefix, group in by_prefix.items():
-            for sub in self._exact_groups(prefix, group, reads):
-                cache, mask, lengths = self._encode(prefix, sub)
-                for row, p in enumerate(sub):
-                    encoded[p] = (cache, row, mask, lengths[row])
+            for sub in self._exact_groups(group, prompts, reads):
+                cache, mask, lengths = self._encode(prefix, [prompts[k] for k in sub])
+                for row, key in enumerate(sub):
+                    encoded[key] = (cache, row, mask, lengths[row])
         t1 = time.perf_counter()
         # 3. decode: group reads by (encoder batch, canvas width)
         results: list[ReadResult | None] = [None] * len(reads)
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
         for i, r in enumerate(reads):
-            cache = encoded[r.prompt_ids][0]
+            cache = encoded[keys[i]][0]
             groups[(id(cache), len(r.canvas_ids))].append(i)
         for (_, width), idxs in groups.items():
-            cache, _, mask, _ = encoded[reads[idxs[0]].prompt_ids]
-            rows = torch.tensor([encoded[reads[i].prompt_ids][1] for i in idxs], device=self.device)
-            lengths = torch.tensor(
-                [encoded[reads[i].prompt_ids][3] for i in idxs], device=self.device
-            )
+            cache, _, mask, _ = encoded[keys[idxs[0]]]
+            rows = torch.tensor([encoded[keys[i]][1] for i in idxs], device=self.device)
+            lengths = torch.tensor([encoded[keys[i]][3] for i in idxs], device=self.device)
             canvas = torch.tensor([reads[i].canvas_ids for i in idxs], device=self.device)
             identity = len(idxs) == mask.shape[0] and all(
-                encoded[reads[i].prompt_ids][1] == k for k, i in enumerate(idxs)
+                encoded[keys[i]][1] == k for k, i in enumerate(idxs)
             )
             # The decoder only reads the cache, so the encoder's batch serves as is.
             sel = cache if identity else _select_rows(cache, rows)
@@ -210,22 +232,41 @@ class TransformersEngine:
         timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
         return [ReadResult(r.slots, timings) for r in results if r is not None]
 
+    def _prompt(self, index: int, read: Read) -> _Prompt:
+        """The read's prompt as the encoder sees it: its text prompt, and its images' blocks
+        laid at its shared prefix's end (`Read.images`)."""
+        if not read.images:
+            return _Prompt(read.prompt_ids, read.shared_prefix_len)
+        if self._vision is None:  # the worker's gate refuses these first; never guess
+            raise ReadRejected(index, f"{self._info.model} has no vision tower to read images")
+        at, n = read.shared_prefix_len, len(read.images)
+        return _Prompt(
+            self._vision.expand(read.prompt_ids, at, n),
+            at,
+            read.images,
+            tuple(self._vision.image_positions(at, n)),
+        )
+
+    def prompt_ids(self, read: Read) -> tuple[int, ...]:
+        """The ids the encoder reads for `read` (its image tokens included)."""
+        return self._prompt(0, read).ids
+
     def _exact_groups(
-        self, prefix: tuple[int, ...], group: list[tuple[int, ...]], reads: Sequence[Read]
-    ) -> list[list[tuple[int, ...]]]:
+        self, group: list[_Key], prompts: dict[_Key, _Prompt], reads: Sequence[Read]
+    ) -> list[list[_Key]]:
         """Split prompts so that left padding cannot move a token out of a sliding window:
         exact while prompt + canvas fits the window, else batch equal lengths only."""
         widest = max(len(r.canvas_ids) for r in reads)
-        longest = max(len(p) for p in group)
+        longest = max(len(prompts[k].ids) for k in group)
         if not self._window or longest + widest < self._window:
             return [group]
-        by_len: dict[int, list[tuple[int, ...]]] = defaultdict(list)
-        for p in group:
-            by_len[len(p)].append(p)
+        by_len: dict[int, list[_Key]] = defaultdict(list)
+        for k in group:
+            by_len[len(prompts[k].ids)].append(k)
         return list(by_len.values())
 
     def _encode(
-        self, prefix: tuple[int, ...], prompts: list[tuple[int, ...]]
+        self, prefix: tuple[int, ...], prompts: list[_Prompt]
     ) -> tuple[Any, Any, list[int]]:
         """Encode `prompts` (all starting with `prefix`) into one batched cache.
 
@@ -242,7 +283,7 @@ class TransformersEngine:
             cache = _broadcast(base, b)
         else:
             cache = DynamicCache(config=self.text_config)
-        suffixes = [p[len(prefix) :] for p in prompts]
+        suffixes = [p.ids[len(prefix) :] for p in prompts]
         width = max(len(s) for s in suffixes)
         ids = torch.full((b, width), 0, dtype=torch.long, device=self.device)
         mask = torch.zeros(b, len(prefix) + width, dtype=torch.long, device=self.device)
@@ -255,8 +296,14 @@ class TransformersEngine:
             pos[row, pad:] = torch.arange(len(prefix), len(prefix) + len(s), device=self.device)
         if width:
             padded = not bool(mask.all())
+            # Text only: the ids, as always. With images: the ids' embeddings with the
+            # tower's soft tokens put in place of the image tokens (the encoder embeds ids
+            # the same way itself, so nothing else changes).
+            text: dict[str, Any] = {"input_ids": ids}
+            if any(p.images for p in prompts):
+                text = {"inputs_embeds": self._embed_with_images(ids, prompts, len(prefix))}
             encoder(
-                input_ids=ids,
+                **text,
                 # Without padding the default (causal, positions after the cache) is exact
                 # and lets attention use its unmasked kernels.
                 attention_mask=mask if padded else None,
@@ -264,7 +311,37 @@ class TransformersEngine:
                 past_key_values=cache,
             )
         self.stats["encoded_tokens"] += int(mask[:, len(prefix) :].sum())
-        return cache, mask, [len(p) for p in prompts]
+        return cache, mask, [len(p.ids) for p in prompts]
+
+    def _embed_with_images(self, ids: Any, prompts: list[_Prompt], skip: int) -> Any:
+        """The embeddings of the left-padded `ids` (the prompts less their first `skip`
+        tokens), each image token's row replaced by its image's soft token, in order."""
+        torch = _torch()
+        assert self._vision is not None  # _prompt refuses images without a tower
+        encoder = self.model.model.encoder
+        embeds = encoder.get_input_embeddings()(ids)
+        rows: list[int] = []
+        cols: list[int] = []
+        images: list[ReadImage] = []
+        width = ids.shape[1]
+        for row, p in enumerate(prompts):
+            pad = width - (len(p.ids) - skip)
+            rows += [row] * len(p.image_at)
+            cols += [pad + at - skip for at in p.image_at]
+            images += p.images
+        pixels, positions = self._vision.pixels(images)
+        features = encoder.get_image_features(
+            torch.from_numpy(pixels).to(self.device),
+            torch.from_numpy(positions).to(self.device),
+            return_dict=True,
+        ).pooler_output
+        if features.shape[0] != len(rows):  # a tower that drops or adds soft tokens
+            raise ValueError(f"{features.shape[0]} soft tokens for {len(rows)} image tokens")
+        embeds[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = (
+            features.to(embeds.dtype)
+        )
+        self.stats["encoded_images"] += len(images)
+        return embeds
 
     def _prefix_kv(self, prefix: tuple[int, ...]) -> Any:
         torch = _torch()

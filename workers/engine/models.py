@@ -86,7 +86,8 @@ def cache_root() -> Path:
 
 def _tiny_vision_config() -> dict[str, Any]:
     # Left unset, the config builds Gemma 4's full vision tower (hundreds of MB); this one is
-    # a few thousand parameters and never used (text only).
+    # a few thousand parameters, untrained: the transformers engine reads images through it
+    # (docs/images.md), which proves the path, not an understanding of pictures.
     return {
         "model_type": "gemma4_vision",
         "hidden_size": 16,

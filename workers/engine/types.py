@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +24,17 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class ReadImage:
+    """One image of a read: decoded RGB pixels, named by the SHA-256 of the bytes received.
+
+    Equal hashes are the same image (a backend may share its work); the pixels are left out
+    of comparisons, which would otherwise compare megabytes."""
+
+    sha256: str
+    image: Any = field(compare=False, repr=False)  # a PIL RGB image
+
+
+@dataclass(frozen=True)
 class Read:
     """One single-step read: a prompt and a seeded canvas (template plus slot noise)."""
 
@@ -34,6 +45,12 @@ class Read:
     # (chat header plus system text): a backend may reuse its KV cache.
     shared_prefix_len: int = 0
     tag: str = ""  # correlation only (request id, read index); never affects the output
+    # The request's images, in order. `prompt_ids` stays the text prompt: a backend that
+    # reads images lays its own placeholder tokens for them at `shared_prefix_len` (the end
+    # of what every prompt of the question set shares, just before the user's text: images
+    # before the text, as vLLM's chat format places them), so the shared prefix's cache
+    # still serves. Empty for a text-only read, whose prompt is exactly `prompt_ids`.
+    images: tuple[ReadImage, ...] = ()
 
     @property
     def label_union(self) -> tuple[int, ...]:
@@ -68,9 +85,10 @@ class EngineInfo:
     canvas_length: int  # the widest canvas this engine serves
     vocab_size: int
     device: str = "cpu"
-    # Whether reads carry images to a vision tower. False for every engine today: the worker
-    # then dead-letters a request with images (IMAGES_NOT_READ, workers.images) rather than
-    # answer it from its text alone. An engine that reads them sets it.
+    # Whether reads carry images to a vision tower (`Read.images`). When False the worker
+    # dead-letters a request with images (IMAGES_NOT_READ, workers.images) rather than
+    # answer it from its text alone. The transformers engine sets it when its model has a
+    # vision tower; the fake engine and vLLM (for now) do not.
     reads_images: bool = False
 
 

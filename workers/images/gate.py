@@ -3,8 +3,10 @@
 A request with images has each image's bytes got (inline, or fetched where the pipeline
 allows it) and checked (`workers.images.decode`); the first bad one refuses the request
 with its code and field. When all are good and the engine reads no images
-(`EngineInfo.reads_images`, False for every engine today), the request is refused with
-IMAGES_NOT_READ: answered from its text alone it would be silently wrong. Request-level
+(`EngineInfo.reads_images`: the fake engine and vLLM for now), the request is refused with
+IMAGES_NOT_READ: answered from its text alone it would be silently wrong. When the engine
+reads them (the transformers engine on a model with a vision tower), their RGB pixels are
+kept and handed on with the request (`GateOutcome.images`). Request-level
 `instructions` likewise (INSTRUCTIONS_NOT_READ) until the prompt places them. Requests
 without either pass untouched, at no cost. Every refusal is a `RequestError`: the worker
 dead-letters it with the record's original bytes, as any other.
@@ -19,12 +21,12 @@ from dataclasses import dataclass
 from schemas.errors import ErrorCode, RequestError
 from schemas.images import ImageRef, ImageSource
 from schemas.request import ClassificationRequest
-from workers.engine.types import EngineInfo
+from workers.engine.types import EngineInfo, ReadImage
 from workers.images.decode import DecodedImage, ImageRefused, decode_image
 from workers.images.fetch import FetchRefused, fetch_image
 from workers.images.settings import ImageSettings
 
-__all__ = ["CheckedImage", "InputGate", "check_images"]
+__all__ = ["CheckedImage", "GateOutcome", "InputGate", "check_images"]
 
 # The fetch runs in a thread whose own deadline ends it; waiting this much longer than
 # the deadline for it covers a host name whose resolution hangs (getaddrinfo has no
@@ -55,6 +57,15 @@ class CheckedImage:
             "height": d.height,
             "frames_read": "first of several" if d.animated else "the only one",
         }
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What the gate decided for a batch, by index in the batch: the refused requests, and
+    the images of the passed requests that carry some (for the engine, in request order)."""
+
+    refused: dict[int, RequestError]
+    images: dict[int, tuple[ReadImage, ...]]
 
 
 async def check_images(
@@ -121,12 +132,26 @@ class InputGate:
 
     async def refusals(self, requests: Sequence[ClassificationRequest]) -> dict[int, RequestError]:
         """Index in `requests` -> why that request is refused; the rest go to the engine."""
+        return (await self.check(requests)).refused
+
+    async def check(self, requests: Sequence[ClassificationRequest]) -> GateOutcome:
+        """The refusals, and the images the engine reads for the requests that pass."""
         at = [i for i, r in enumerate(requests) if self.concerns(r)]
         got = await asyncio.gather(*(self._check(requests[i]) for i in at))
-        return {i: err for i, err in zip(at, got, strict=True) if err is not None}
+        refused: dict[int, RequestError] = {}
+        images: dict[int, tuple[ReadImage, ...]] = {}
+        for i, item in zip(at, got, strict=True):
+            if isinstance(item, RequestError):
+                refused[i] = item
+            elif item:
+                images[i] = item
+        return GateOutcome(refused, images)
 
-    async def _check(self, request: ClassificationRequest) -> RequestError | None:
+    async def _check(
+        self, request: ClassificationRequest
+    ) -> RequestError | tuple[ReadImage, ...] | None:
         refs = request.image_refs
+        read: tuple[ReadImage, ...] = ()
         if refs:
             checked = await check_images(request, self.settings, keep=self.engine.reads_images)
             if isinstance(checked, RequestError):
@@ -144,6 +169,7 @@ class InputGate:
                     f"{len(checked)} valid: {named}",
                     field="images",
                 )
+            read = tuple(ReadImage(c.decoded.sha256, c.decoded.image) for c in checked)
         if request.instructions is not None:
             return RequestError(
                 code=ErrorCode.INSTRUCTIONS_NOT_READ,
@@ -152,7 +178,7 @@ class InputGate:
                 "the context in the state or in each question's instructions",
                 field="instructions",
             )
-        return None
+        return read or None
 
     def _name(self) -> str:
         return f"{self.engine.backend} engine, model {self.engine.model}"
