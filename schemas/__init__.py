@@ -3,7 +3,8 @@
 The worker reads requests only through `parse_request`, which returns the request or a
 `RequestError` (an `ErrorCode`, a message, the field's path) and never raises for bad input.
 Results go out through `encode_output` in the pipeline's format (`formats`, one module
-each: ours, Jev's response shape, OpenAI's moderation shape); `audit` says what decided
+each: ours, Jev's response shape, OpenAI's moderation shape); questions and answers are
+of the kinds in `kinds` (one module each: yes/no, choice, score); `audit` says what decided
 each; `cloudevents` reads structured-mode events and writes the attributes of our own
 records.
 `python -m schemas.export` writes the JSON Schema files in `schemas/json/`.

@@ -24,11 +24,11 @@ from schemas._common import (
 from schemas._version import SCHEMA_VERSION
 from schemas.cloudevents import EventRef, is_structured, unwrap
 from schemas.errors import ErrorCode, RequestError
+from schemas.kinds import kinds, question_types
 from schemas.names import TOPIC_CHARS
 from schemas.request import (
     MAX_ID_CHARS,
     MAX_QUESTIONS,
-    QUESTION_TYPES,
     ClassificationRequest,
     IdSource,
 )
@@ -456,7 +456,7 @@ _TYPE_ERRORS = frozenset(
 # (location with the question's tag, pydantic error types or None for any, code); "*" is any
 # one element. The first match wins.
 _Rule = tuple[tuple[str, ...], frozenset[str] | None, ErrorCode]
-_RULES: tuple[_Rule, ...] = (
+_HEAD: tuple[_Rule, ...] = (
     (("id",), frozenset({"string_too_long"}), ErrorCode.ID_TOO_LONG),
     (("id",), None, ErrorCode.INVALID_ID),
     (
@@ -465,10 +465,8 @@ _RULES: tuple[_Rule, ...] = (
         ErrorCode.INSTRUCTIONS_TOO_LONG,
     ),
     (("questions", "*", "*", "instructions"), None, ErrorCode.EMPTY_INSTRUCTIONS),
-    (("questions", "*", "choice", "criteria"), frozenset({"too_long"}), ErrorCode.TOO_MANY_OPTIONS),
-    (("questions", "*", "choice", "criteria"), frozenset({"too_short"}), ErrorCode.TOO_FEW_OPTIONS),
-    (("questions", "*", "score", "criteria"), frozenset({"too_long"}), ErrorCode.TOO_MANY_LEVELS),
-    (("questions", "*", "score", "criteria"), frozenset({"too_short"}), ErrorCode.TOO_FEW_LEVELS),
+)
+_TAIL: tuple[_Rule, ...] = (
     (("questions",), frozenset({"too_long"}), ErrorCode.TOO_MANY_QUESTIONS),
     (("questions",), frozenset({"too_short"}), ErrorCode.NO_QUESTIONS),
     (("samples",), None, ErrorCode.INVALID_SAMPLES),
@@ -482,6 +480,18 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 
+def _rules() -> tuple[_Rule, ...]:
+    """The rules, each kind's codes for its criteria (a count of options, of levels) among
+    them; read from the registry each time, as a kind may come later."""
+    own = tuple(
+        (("questions", "*", tag, "criteria"), frozenset({error}), code)
+        for kind in kinds()
+        for tag in kind.types
+        for error, code in kind.criteria_codes.items()
+    )
+    return _HEAD + own + _TAIL
+
+
 def _matches(pattern: tuple[str, ...], loc: tuple[int | str, ...]) -> bool:
     return len(pattern) == len(loc) and all(
         p in ("*", x) for p, x in zip(pattern, loc, strict=True)
@@ -491,7 +501,7 @@ def _matches(pattern: tuple[str, ...], loc: tuple[int | str, ...]) -> bool:
 def _path(loc: tuple[int | str, ...]) -> str | None:
     """Dotted field path, without the tag pydantic inserts after a question's id."""
     parts = list(loc)
-    if len(parts) >= 3 and parts[0] == "questions" and parts[2] in QUESTION_TYPES:
+    if len(parts) >= 3 and parts[0] == "questions" and parts[2] in question_types():
         del parts[2]
     return ".".join(str(p) for p in parts) or None
 
@@ -512,7 +522,7 @@ def _classify(err: ErrorDetails) -> tuple[ErrorCode, str, str | None]:
         return (
             ErrorCode.UNKNOWN_QUESTION_KIND,
             f"unknown question type {ctx.get('tag')!r}; expected one of "
-            + ", ".join(QUESTION_TYPES),
+            + ", ".join(question_types()),
             f"{path}.type",
         )
     if kind == "union_tag_not_found":
@@ -521,8 +531,8 @@ def _classify(err: ErrorDetails) -> tuple[ErrorCode, str, str | None]:
         return ErrorCode.INVALID_METADATA, err["msg"], path
     if kind.endswith("_type") or kind in _TYPE_ERRORS:
         return ErrorCode.WRONG_TYPE, f"{err['msg']}, got {json_type(err['input'])}", path
-    for pattern, kinds, code in _RULES:
-        if _matches(pattern, loc) and (kinds is None or kind in kinds):
+    for pattern, errors, code in _rules():
+        if _matches(pattern, loc) and (errors is None or kind in errors):
             return code, err["msg"], path
     return ErrorCode.INVALID_VALUE, err["msg"], path
 

@@ -1,5 +1,6 @@
 """One registry of named plugins, each module registering its class, shared by the output
-formats (`schemas.formats`) and the engine backends (`workers.engine.backends`).
+formats (`schemas.formats`), the engine backends (`workers.engine.backends`) and the
+question kinds (`schemas.kinds`).
 
 A plugin may carry a key under which the pipeline's models hold its own settings (a format's
 options, a backend's settings). Those models are built from the registry once, so a keyed
@@ -20,14 +21,15 @@ __all__ = ["Registry"]
 
 class Registry(Generic[P]):
     """Plugins of one kind by name. `kind` names them in errors ("output format");
-    `key_attr` is the attribute holding a plugin's settings key (None: no key);
+    `key_attr` is the attribute holding a plugin's settings key (None: plugins of this
+    kind have no key, as question kinds);
     `key_kind` names that key ("options key"); `home` is the package whose modules
     register the keyed ones; `reserved` returns keys taken by other fields."""
 
     def __init__(
         self,
         kind: str,
-        key_attr: str,
+        key_attr: str | None,
         key_kind: str,
         home: str,
         reserved: Callable[[], set[str]] = set,
@@ -41,6 +43,8 @@ class Registry(Generic[P]):
         self._keys_fixed = False
 
     def key(self, plugin: P) -> str | None:
+        if self.key_attr is None:
+            return None
         value: str | None = getattr(plugin, self.key_attr)
         return value
 

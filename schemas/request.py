@@ -9,48 +9,72 @@ answers in the prompt) or be asked only when another question's answer is among 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
-    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
-    StringConstraints,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from schemas._common import LIMITS_CTX, RequestModel, fail, has_control, json_type
+from schemas import kinds
+from schemas._common import LIMITS_CTX, RequestModel, fail, json_type
 from schemas._version import SchemaVersion
 from schemas.cloudevents import EventRef
-from schemas.content import CONTENT_SCHEMA, NULL_LEVEL_NAME, Content, json_depth, to_text
+from schemas.content import Content, json_depth
 from schemas.errors import ErrorCode, RequestRejected
 from schemas.images import MAX_IMAGES, ImagePart, ImageRef, InputPart, JevAsset, check_reference
-from schemas.names import (
-    QUESTION_ID_PATTERN,
-    TOPIC_PATTERN,
-    is_question_id,
-    label_defect,
-    label_key,
-)
+from schemas.kinds import KindUnion, QuestionBase, holds_kinds
+from schemas.kinds._base import MAX_INSTRUCTIONS_CHARS, Instructions
 
-QuestionKind = Literal["yes_no", "choice", "score"]
+# The three kinds' models and limits, where the contract's readers have found them.
+from schemas.kinds.choice import (
+    JEV_MAX_OPTIONS,
+    MAX_OPTION_CHARS,
+    MAX_OPTIONS,
+    MIN_OPTIONS,
+    ChoiceQuestion,
+)
+from schemas.kinds.score import MAX_LEVELS, MIN_LEVELS, ScoreQuestion, level_names
+from schemas.kinds.yes_no import YesNoCriteria, YesNoQuestion
+from schemas.names import QUESTION_ID_PATTERN, TOPIC_PATTERN, is_question_id
+
+__all__ = [
+    "JEV_MAX_OPTIONS",
+    "MAX_ID_CHARS",
+    "MAX_INSTRUCTIONS_CHARS",
+    "MAX_LEVELS",
+    "MAX_OPTIONS",
+    "MAX_OPTION_CHARS",
+    "MAX_QUESTIONS",
+    "MIN_LEVELS",
+    "MIN_OPTIONS",
+    "ChoiceQuestion",
+    "ClassificationRequest",
+    "IdSource",
+    "Question",
+    "QuestionBase",
+    "QuestionKind",
+    "ScoreQuestion",
+    "YesNoCriteria",
+    "YesNoQuestion",
+    "level_names",
+    "question_order",
+    "question_types",
+]
+
+# The normalized kind of a question: a registered kind's name (`schemas.kinds`).
+QuestionKind = str
 # Where a request's id came from: its body, the structured CloudEvent that carried it, the
 # record's key, or the record's topic-partition-offset (see `schemas.parse.record_id`).
 IdSource = Literal["request", "event", "key", "record"]
 
 MAX_QUESTIONS = 64
 MAX_ID_CHARS = 128
-MAX_INSTRUCTIONS_CHARS = 2000
-MAX_OPTION_CHARS = 64
-# One read carries one single-token label per option, A..Z (vLLM 0.33's decision reader caps
-# choices at 26 the same way); Jev itself takes up to 255 options.
-MIN_OPTIONS, MAX_OPTIONS = 2, 26
-JEV_MAX_OPTIONS = 255
-MIN_LEVELS, MAX_LEVELS = 2, 10
 MIN_SAMPLES, MAX_SAMPLES = 1, 16
 MIN_AUTO_MAX = 2
 # Metadata is echoed inside the result; deeper nesting cannot be serialized back reliably.
@@ -58,239 +82,22 @@ MAX_METADATA_DEPTH = 64
 MAX_MODEL_CHARS = 128
 
 _ID_PATTERN = r"^[^\x00-\x1F\x7F-\x9F]+$"
-_YES_NO_ANSWERS = ("yes", "no")
-
-# Option and level names are labels: the model is asked about them and a reviewer reads them
-# (schemas.names: `label_defect`, `label_key`). The published schema and the errors say so.
-_LABEL_RULES = (
-    "without bidirectional controls or invisible characters (zero-width, soft hyphen, "
-    "variation selectors, tags; a ZWJ or ZWNJ only where a script or an emoji joins with "
-    "it), and unique as Unicode NFKC with case folded, spacing and invisible characters "
-    "ignored."
-)
-_PLAIN = "a label must read as what it is"
-_COMPARED = "names are compared as Unicode NFKC, ignoring case, spacing and invisible characters"
-
-
-def _alike(name: str, other: str) -> str:
-    """`name repeats other`, with their code points when the two would print alike."""
-    if name != other and not (name.isascii() and other.isascii()):
-        return f"{name!r} repeats {other!r}: {name!a} and {other!a}"
-    return f"{name!r} repeats {other!r}"
-
-
-_Instructions = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=MAX_INSTRUCTIONS_CHARS),
-    BeforeValidator(to_text),
-    CONTENT_SCHEMA,
-]
-
 
 # --- questions ----------------------------------------------------------------------------------
 
+# Each kind's question model is its module's (`schemas/kinds/`); a request holds any
+# registered one, told apart by `type`.
+if TYPE_CHECKING:
+    Question = QuestionBase
+else:
 
-class _QuestionBase(RequestModel):
-    type: str  # narrowed to a Literal by each kind; declared here so it comes first
-    instructions: _Instructions | None = Field(
-        default=None,
-        description="What to decide: text, or a JSON object or array (read as its JSON text); "
-        "at most 2000 characters as text, not blank. Null or left out: the question has no "
-        "instruction line (a yes/no question then needs a described outcome).",
-    )
-    depends_on: list[str] = Field(
-        default_factory=list,
-        description="Ids of questions whose answers go into this question's prompt; this "
-        "question is asked after them.",
-    )
-    ask_if: dict[str, list[str]] | None = Field(
-        default=None,
-        description="Question id -> answers of that question for which this one is asked "
-        "(yes/no: 'yes'/'no'; choice: option names; score: level names). Implies the "
-        "dependency. When not met, the answer is of type 'skipped'.",
-    )
-
-    @field_validator("instructions")
-    @classmethod
-    def _instructions_not_blank(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise fail(ErrorCode.EMPTY_INSTRUCTIONS, "instructions are blank")
-        return value
-
-    @property
-    def kind(self) -> QuestionKind:
-        """The normalized kind: "yes_no" (for both "noul" and "yes_no"), "choice" or "score"."""
-        raise NotImplementedError
-
-    @property
-    def answers(self) -> tuple[str, ...]:
-        """The values an answer can take, in order (also what `ask_if` lists)."""
-        raise NotImplementedError
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        """Same as `answers`: answer names, not the label tokens the engine writes."""
-        return self.answers
-
-    @property
-    def prerequisites(self) -> tuple[str, ...]:
-        """Ids this question waits for: `depends_on`, then `ask_if` keys, without repeats."""
-        return tuple(dict.fromkeys([*self.depends_on, *(self.ask_if or {})]))
+    class Question(KindUnion):
+        part = "question"
 
 
-class YesNoCriteria(RequestModel):
-    """What `yes` and what `no` mean (either may be left out or null; text or JSON)."""
-
-    true: Content | None = None
-    false: Content | None = None
-
-
-class YesNoQuestion(_QuestionBase):
-    """A yes/no question. `type` "noul" (the Jev API's name) and "yes_no" mean the same."""
-
-    type: Literal["noul", "yes_no"]
-    criteria: YesNoCriteria | None = None
-
-    @model_validator(mode="after")
-    def _something_to_ask(self) -> YesNoQuestion:
-        crit = self.criteria
-        if self.instructions is None and not (crit and (crit.true or crit.false)):
-            raise fail(
-                ErrorCode.EMPTY_INSTRUCTIONS,
-                "a yes/no question needs instructions or a described outcome "
-                "(criteria.true or criteria.false)",
-                suffix="instructions",
-            )
-        return self
-
-    @property
-    def kind(self) -> QuestionKind:
-        return "yes_no"
-
-    @property
-    def answers(self) -> tuple[str, ...]:
-        return _YES_NO_ANSWERS
-
-
-class ChoiceQuestion(_QuestionBase):
-    """Pick one of 2..26 named options (Jev takes 255; one read carries 26 labels)."""
-
-    type: Literal["choice"]
-    criteria: dict[str, Content | None] = Field(
-        min_length=MIN_OPTIONS,
-        max_length=MAX_OPTIONS,
-        description="Option name -> description (text, JSON read as its text, or null), in "
-        "order. 2..26 options: one read carries one single-token label per option (A..Z). "
-        "Names are not blank, at most 64 characters, " + _LABEL_RULES,
-    )
-
-    @field_validator("criteria", mode="before")
-    @classmethod
-    def _count_options(cls, value: Any) -> Any:
-        if isinstance(value, dict) and len(value) > MAX_OPTIONS:
-            within = "within" if len(value) <= JEV_MAX_OPTIONS else "beyond"
-            raise fail(
-                ErrorCode.TOO_MANY_OPTIONS,
-                f"{len(value)} options; dgstream answers at most {MAX_OPTIONS}: one read "
-                f"carries one single-token label per option (A..Z) ({within} Jev's "
-                f"{JEV_MAX_OPTIONS}). Split the options over several questions",
-            )
-        return value
-
-    @field_validator("criteria")
-    @classmethod
-    def _check_options(cls, value: dict[str, str | None]) -> dict[str, str | None]:
-        seen: dict[str, str] = {}
-        for name in value:
-            stripped = name.strip()
-            if not stripped or len(name) > MAX_OPTION_CHARS or has_control(name):
-                raise fail(
-                    ErrorCode.INVALID_OPTION_NAME,
-                    f"option name {name!r} must be 1..{MAX_OPTION_CHARS} characters, not blank, "
-                    "without control characters",
-                )
-            defect = label_defect(name)
-            if defect is not None:
-                raise fail(
-                    ErrorCode.INVALID_OPTION_NAME,
-                    f"option name {name!r} holds {defect}: {_PLAIN}",
-                )
-            key = label_key(name)
-            if key in seen:
-                raise fail(
-                    ErrorCode.DUPLICATE_OPTION,
-                    f"option {_alike(name, seen[key])} ({_COMPARED})",
-                )
-            seen[key] = name
-        return value
-
-    @property
-    def kind(self) -> QuestionKind:
-        return "choice"
-
-    @property
-    def answers(self) -> tuple[str, ...]:
-        return tuple(self.criteria)
-
-
-def level_names(levels: Sequence[str | None]) -> tuple[str, ...]:
-    """The names of a score's levels: a null level is named by its 0-based position."""
-    return tuple(
-        NULL_LEVEL_NAME.format(i) if level is None else level for i, level in enumerate(levels)
-    )
-
-
-class ScoreQuestion(_QuestionBase):
-    """Place the state on an ordered scale of 2..10 levels, lowest first."""
-
-    type: Literal["score"]
-    criteria: list[Content | None] = Field(
-        min_length=MIN_LEVELS,
-        max_length=MAX_LEVELS,
-        description="Level names (text, JSON read as its text, or null), lowest first; "
-        'numbered 1..n in results. A null level is named "level <i>" with i its 0-based '
-        "position (its Jev score). Names are not blank, " + _LABEL_RULES,
-    )
-
-    @field_validator("criteria")
-    @classmethod
-    def _check_levels(cls, value: list[str | None]) -> list[str | None]:
-        seen: dict[str, str] = {}
-        names = level_names(value)
-        for level in names:
-            stripped = level.strip()
-            if not stripped or has_control(level):
-                raise fail(
-                    ErrorCode.INVALID_LEVEL_NAME,
-                    f"level name {level!r} must not be blank or hold control characters",
-                )
-            defect = label_defect(level)
-            if defect is not None:
-                raise fail(
-                    ErrorCode.INVALID_LEVEL_NAME,
-                    f"level name {level!r} holds {defect}: {_PLAIN}",
-                )
-            key = label_key(level)
-            if key in seen:
-                null = " (a null level is named by its 0-based position)" if None in value else ""
-                raise fail(
-                    ErrorCode.DUPLICATE_LEVEL,
-                    f"level {_alike(level, seen[key])} ({_COMPARED}){null}",
-                )
-            seen[key] = level
-        return value
-
-    @property
-    def kind(self) -> QuestionKind:
-        return "score"
-
-    @property
-    def answers(self) -> tuple[str, ...]:
-        return level_names(self.criteria)
-
-
-Question = Annotated[YesNoQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
-QUESTION_TYPES: tuple[str, ...] = ("noul", "yes_no", "choice", "score")
+def question_types() -> tuple[str, ...]:
+    """Every question `type` the wire takes ("noul", "yes_no", "choice", "score", ...)."""
+    return kinds.question_types()
 
 
 # --- the dependency graph -----------------------------------------------------------------------
@@ -302,7 +109,7 @@ class _Problem(NamedTuple):
     field: str
 
 
-def _graph_problem(questions: Mapping[str, _QuestionBase]) -> _Problem | None:
+def _graph_problem(questions: Mapping[str, QuestionBase]) -> _Problem | None:
     """The first problem with the references between questions, in a fixed order."""
     for qid, question in questions.items():
         for ref in question.depends_on:
@@ -345,7 +152,7 @@ def _graph_problem(questions: Mapping[str, _QuestionBase]) -> _Problem | None:
     return None
 
 
-def _find_cycle(questions: Mapping[str, _QuestionBase]) -> list[str] | None:
+def _find_cycle(questions: Mapping[str, QuestionBase]) -> list[str] | None:
     """A cycle as [a, b, ..., a] (the first found visiting in request order), or None."""
     done: set[str] = set()
     for root in questions:
@@ -372,7 +179,7 @@ def _find_cycle(questions: Mapping[str, _QuestionBase]) -> list[str] | None:
     return None
 
 
-def question_order(questions: Mapping[str, _QuestionBase]) -> list[list[str]]:
+def question_order(questions: Mapping[str, QuestionBase]) -> list[list[str]]:
     """Stages for the engine: each question comes one stage after the last it waits for.
 
     Stage 0 holds the questions that wait for none; within a stage, request order is kept.
@@ -428,6 +235,7 @@ def _state_or_input(schema: dict[str, Any]) -> None:
     schema["oneOf"] = [{"required": ["state"]}, {"required": ["input"]}]
 
 
+@holds_kinds
 class ClassificationRequest(RequestModel):
     """One request: answer `questions` (or the configured `question_set`) about `state`."""
 
@@ -507,7 +315,7 @@ class ClassificationRequest(RequestModel):
         default_factory=dict,
         description="Anything; echoed untouched in the result (nesting depth at most 64).",
     )
-    instructions: _Instructions | None = Field(
+    instructions: Instructions | None = Field(
         default=None,
         description="Context placed ahead of the questions (vLLM's request-level "
         "instructions): text, or JSON read as its text; at most 2000 characters, not blank. "

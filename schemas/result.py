@@ -2,88 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from schemas._common import WireModel
 from schemas._version import SchemaVersion
 from schemas.audit import Audit
+from schemas.kinds import Answered, KindUnion, Probability, holds_kinds
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+# Each kind's answer model is its module's (`schemas/kinds/`); the three kinds' are here too,
+# where the contract's readers have found them.
+from schemas.kinds.choice import ChoiceAnswer
+from schemas.kinds.score import ScoreAnswer
+from schemas.kinds.yes_no import YesNoAnswer
 
-# Slack for sums of float probabilities (an expected score a hair past the top level).
-_EPS = 1e-6
-
-
-class _Answered(WireModel):
-    confidence: Probability = Field(description="Probability of the answer given (the max).")
-    stderr: float | None = Field(
-        default=None,
-        ge=0.0,
-        description="Standard error, across reads, of the probability behind `confidence`; "
-        "null with one read.",
-    )
-    agreement: Probability | None = Field(
-        default=None,
-        description="Share of reads whose own argmax is the final answer; null with one read.",
-    )
-
-
-class YesNoAnswer(_Answered):
-    type: Literal["yes_no"] = "yes_no"
-    p_yes: Probability
-    label: Literal["yes", "no"]
-    raw_p_yes: Probability | None = Field(
-        default=None,
-        description="The engine's p_yes before the pipeline's calibration; null when no "
-        "calibration applied to this question (p_yes is then the engine's).",
-    )
-
-
-class ChoiceAnswer(_Answered):
-    type: Literal["choice"] = "choice"
-    choice: str = Field(description="The option name chosen.")
-    probabilities: dict[str, Probability] = Field(description="Option name -> probability.")
-    raw_probabilities: dict[str, Probability] | None = Field(
-        default=None,
-        description="The engine's probabilities before the pipeline's calibration; null when "
-        "no calibration applied to this question.",
-    )
-
-    @model_validator(mode="after")
-    def _choice_is_an_option(self) -> ChoiceAnswer:
-        if self.choice not in self.probabilities:
-            raise ValueError(f"choice {self.choice!r} is not among the probabilities' options")
-        return self
-
-
-class ScoreAnswer(_Answered):
-    type: Literal["score"] = "score"
-    expected_score: float = Field(
-        description="Sum of level number times probability; levels are numbered 1..n."
-    )
-    level: str = Field(description="The most probable level's name.")
-    legend: dict[str, str] = Field(description='Level number ("1".."n") -> level name.')
-    probabilities: dict[str, Probability] = Field(description="Level name -> probability.")
-    raw_probabilities: dict[str, Probability] | None = Field(
-        default=None,
-        description="The engine's probabilities before the pipeline's calibration; null when "
-        "no calibration applied to this question.",
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ScoreAnswer:
-        n = len(self.legend)
-        if list(self.legend) != [str(i) for i in range(1, n + 1)]:
-            raise ValueError('legend keys must be "1".."n" in order')
-        if set(self.legend.values()) != set(self.probabilities):
-            raise ValueError("probabilities must be keyed by the legend's level names")
-        if self.level not in self.probabilities:
-            raise ValueError(f"level {self.level!r} is not in the legend")
-        if not 1 - _EPS <= self.expected_score <= n + _EPS:
-            raise ValueError(f"expected_score must lie in 1..{n}")
-        return self
+__all__ = [
+    "Answer",
+    "ChoiceAnswer",
+    "ClassificationResult",
+    "Diagnostics",
+    "Probability",
+    "ScoreAnswer",
+    "SkippedAnswer",
+    "YesNoAnswer",
+]
 
 
 class SkippedAnswer(WireModel):
@@ -93,9 +36,14 @@ class SkippedAnswer(WireModel):
     reason: str
 
 
-Answer = Annotated[
-    YesNoAnswer | ChoiceAnswer | ScoreAnswer | SkippedAnswer, Field(discriminator="type")
-]
+# An answer of any registered kind, told apart by `type`, or a skipped question.
+if TYPE_CHECKING:
+    Answer = Answered | SkippedAnswer
+else:
+
+    class Answer(KindUnion):
+        part = "answer"
+        extra = (SkippedAnswer,)
 
 
 class Diagnostics(WireModel):
@@ -124,6 +72,7 @@ class Diagnostics(WireModel):
     )
 
 
+@holds_kinds
 class ClassificationResult(WireModel):
     """The answer to one request, published on the output (or the request's reply) topic."""
 

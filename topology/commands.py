@@ -27,6 +27,7 @@ from schemas import (
     parse_request,
     read_output,
 )
+from schemas.kinds import kind_of_type
 
 
 class Refused(Exception):
@@ -181,19 +182,10 @@ def _consumer(args: argparse.Namespace, conn: Any, topic: str) -> Any:
 
 
 def _answer_text(answer: dict[str, Any]) -> str:
-    kind = answer.get("type")
-    if kind == "noul":  # Jev's shapes
-        return f"p_yes={answer['noul']:.2f}"
-    if kind == "score" and "score" in answer:
-        top = max(answer["probabilities"], key=answer["probabilities"].get)
-        return f"{answer['legend'][top]} score={answer['score']:.2f}"
-    if kind == "yes_no":
-        return f"{answer['label']} p_yes={answer['p_yes']:.2f}"
-    if kind == "choice":
-        return f"{answer['choice']} ({answer['confidence']:.2f})"
-    if kind == "score":
-        return f"{answer['level']} E={answer['expected_score']:.2f}"
-    return f"skipped ({answer.get('reason', '')})"
+    kind = kind_of_type(answer.get("type"))  # ours or Jev's shape
+    if kind is None:
+        return f"skipped ({answer.get('reason', '')})"
+    return kind.line(answer)
 
 
 def _key(key: bytes | None) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schemas.kinds import get_kind
 from topology.commands import Refused, add_kafka_arguments, kafka_connection
 
 __all__ = ["calibrate", "compare", "register"]
@@ -233,7 +234,7 @@ def _answer_and_shift(
         dict(zip(da.labels, da.probs, strict=True)),
         dict(zip(db.labels, db.probs, strict=True)),
     )
-    labels = ["yes"] if da.kind == "yes_no" else sorted(set(pa) | set(pb))
+    labels = list(get_kind(da.kind).compared or sorted(set(pa) | set(pb)))
     label = max(labels, key=lambda k: abs(pb.get(k, 0.0) - pa.get(k, 0.0)))
     x, y = pa.get(label, 0.0), pb.get(label, 0.0)
     return da.answer, db.answer, abs(y - x), label, x, y

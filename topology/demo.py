@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from schemas import ClassificationResult, DeadLetter
+from schemas.kinds import get_kind, name_of
 
 REQUESTS, RESULTS, DEAD = "demo.requests", "demo.results", "demo.dead-letters"
 # The checkpoint in workers/engine/weights/demo (docs/benchmarks.md has its accuracy).
@@ -58,15 +59,10 @@ def topology(bootstrap: str, model: str) -> dict[str, Any]:
 
 
 def _cell(answer: dict[str, Any], truth: str | None) -> str:
-    kind = answer["type"]
-    if kind == "yes_no":
-        got, text = answer["label"], f"{answer['label']} {answer['p_yes']:.2f}"
-    elif kind == "choice":
-        got, text = answer["choice"], f"{answer['choice'][:7]} {answer['confidence']:.2f}"
-    elif kind == "score":
-        got, text = answer["level"], f"{answer['level']} {answer['expected_score']:.1f}"
-    else:
+    got = name_of(answer)
+    if got is None:
         return "skipped"
+    text = f"{got[:7]} {answer[get_kind(answer['type']).headline]:.2f}"
     mark = "" if truth is None else (" ok" if got == truth else " x")
     return text + mark
 
@@ -262,8 +258,7 @@ def _summary(
     for res in answered.values():
         truth = res.metadata.get("truth", {})
         for q in qids:
-            a = res.answers[q].model_dump()
-            got = a.get("label") or a.get("choice") or a.get("level")
+            got = name_of(res.answers[q])
             right[q] += int(got == truth.get(q))
     n = max(len(answered), 1)
     acc = ", ".join(f"{q} {right[q] / n:.0%}" for q in qids)

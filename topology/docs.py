@@ -138,6 +138,37 @@ def backend_rows() -> list[str]:
     return out
 
 
+def kind_rows() -> list[str]:
+    """The "Question kinds" table: one row per registered kind (its wire types, its route
+    fields, its Jev type and its module's docstring)."""
+    import sys as _sys
+
+    from schemas.kinds import kinds
+    from workers.routes.fields import COMMON_FIELDS
+
+    common = ", ".join(f"`{f}`" for f in COMMON_FIELDS)
+    out = [
+        "## Question kinds",
+        "",
+        "What a question's `type` names: one module each of `schemas/kinds/` (a new kind is one",
+        "module there; its row here is generated). A kind owns its question and answer models,",
+        "the labels the model writes and its lines of the prompt, its answer, its calibration,",
+        "its answer in Jev's shape and its route fields, beside those every kind has:",
+        f"{common}.",
+        "",
+        "| kind | `type` | route fields | Jev's `type` | notes |",
+        "|---|---|---|---|---|",
+    ]
+    for k in kinds():
+        module = _sys.modules[type(k).__module__]
+        notes = " ".join((module.__doc__ or type(k).__doc__ or "").split())
+        types = ", ".join(f"`{t}`" for t in k.types)
+        fields = ", ".join(f"`{f}`" for f in k.fields) or "none"
+        out.append(f"| `{k.name}` | {types} | {fields} | `{k.jev_type}` | {notes} |")
+    out.append("")
+    return out
+
+
 def render() -> str:
     from topology.spec import KafkaSpec, PipelineSpec, RaySpec, Topology
     from workers.routes import Route
@@ -158,6 +189,7 @@ def render() -> str:
         "names one with `question_set`.",
         "",
     ]
+    lines += kind_rows()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -25,8 +25,8 @@ from pydantic import (
 )
 
 from schemas import Question
+from schemas.kinds import holds_kinds, question_types
 from schemas.names import DEPLOYMENT_NAME_PATTERN
-from schemas.request import QUESTION_TYPES
 from workers.kafka_settings import KafkaConnection
 from workers.settings import (
     ActorResources,
@@ -196,6 +196,7 @@ class RaySpec(_Frozen):
         ray.init(address=self.address, namespace=self.namespace, **kwargs)
 
 
+@holds_kinds
 class Topology(_Frozen):
     kafka: KafkaSpec
     ray: RaySpec = Field(default_factory=RaySpec)
@@ -325,9 +326,10 @@ def parse_topology(data: Any, source: str = "topology") -> Topology:
         return Topology.model_validate(data)
     except ValidationError as exc:
         lines = []
+        tags = question_types()
         for err in exc.errors():
             # Discriminated unions add the tag to the path; it is not a field.
-            loc = tuple(p for p in err["loc"] if p not in QUESTION_TYPES)
+            loc = tuple(p for p in err["loc"] if p not in tags)
             lines.append(f"{_path(loc)}: {err['msg']}")
         raise SpecError(f"{source}: " + "; ".join(lines)) from None
 

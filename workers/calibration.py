@@ -28,19 +28,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from schemas import (
-    ChoiceAnswer,
-    ClassificationResult,
-    QuestionKind,
-    ScoreAnswer,
-    YesNoAnswer,
-    digest,
-)
+from schemas import ClassificationResult, QuestionKind, digest
+from schemas.kinds import get_kind, kind_of_type
 
 __all__ = [
     "Calibration",
@@ -75,10 +69,16 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _registered(kind: str) -> str:
+    get_kind(kind)
+    return kind
+
+
 class QuestionCalibration(_Frozen):
     """One question's map, and what its fit measured on the examples it was fitted on."""
 
-    kind: QuestionKind
+    # The question's kind by its name (`schemas.kinds`), which keys its map.
+    kind: Annotated[QuestionKind, AfterValidator(_registered)]
     labels: list[str] = Field(min_length=2, description="Its answer names, in order.")
     temperature: float = Field(ge=T_MIN, le=T_MAX)
     examples: int = Field(ge=1)
@@ -145,24 +145,11 @@ class Distribution:
 def distribution(answer: Mapping[str, Any], *, raw: bool = True) -> Distribution | None:
     """The distribution a wire answer gives (ours or Jev's shape); `raw`: the engine's, when
     the answer was calibrated. None for a skipped or unreadable answer."""
-    kind = answer.get("type")
-    if kind in ("yes_no", "noul"):
-        p = answer.get("raw_p_yes") if raw else None
-        if p is None:
-            p = answer.get("p_yes", answer.get("noul"))
-        if not isinstance(p, int | float):
-            return None
-        return Distribution("yes_no", ("yes", "no"), (float(p), 1.0 - float(p)))
-    if kind not in ("choice", "score"):
+    kind = kind_of_type(answer.get("type"))
+    read = None if kind is None else kind.distribution(answer, raw)
+    if kind is None or read is None:
         return None
-    probs = (answer.get("raw_probabilities") if raw else None) or answer.get("probabilities")
-    if not isinstance(probs, Mapping):
-        return None
-    if kind == "score" and "score" in answer:  # Jev's: keyed "0".."n-1", names in the legend
-        legend = answer.get("legend") or {}
-        probs = {str(legend.get(k, k)): v for k, v in probs.items()}
-    names = tuple(str(k) for k in probs)
-    return Distribution(kind, names, tuple(float(probs[k]) for k in probs))
+    return Distribution(kind.name, *read)
 
 
 class Calibrator:
@@ -190,35 +177,10 @@ class Calibrator:
 
 
 def _calibrated(answer: Any, q: QuestionCalibration) -> Any:
+    if answer.type != q.kind:  # another kind, or a skipped question
+        return None
     t = q.temperature
-    if isinstance(answer, YesNoAnswer) and q.kind == "yes_no":
-        p = _round(tempered([answer.p_yes, 1.0 - answer.p_yes], t))[0]
-        return answer.model_copy(
-            update={
-                "p_yes": p,
-                "confidence": max(p, round(1.0 - p, _DIGITS)),
-                "raw_p_yes": answer.p_yes,
-            }
-        )
-    if isinstance(answer, ChoiceAnswer | ScoreAnswer) and q.kind == answer.type:
-        names = list(answer.probabilities)
-        if names != q.labels:
-            return None
-        probs = dict(
-            zip(names, _round(tempered(list(answer.probabilities.values()), t)), strict=True)
-        )
-        top = answer.choice if isinstance(answer, ChoiceAnswer) else answer.level
-        update: dict[str, Any] = {
-            "probabilities": probs,
-            "confidence": probs[top],
-            "raw_probabilities": dict(answer.probabilities),
-        }
-        if isinstance(answer, ScoreAnswer):
-            order = [answer.legend[str(i + 1)] for i in range(len(answer.legend))]
-            expected = sum((i + 1) * probs[name] for i, name in enumerate(order))
-            update["expected_score"] = round(min(max(expected, 1.0), float(len(order))), _DIGITS)
-        return answer.model_copy(update=update)
-    return None
+    return get_kind(q.kind).calibrated(answer, q.labels, lambda p: _round(tempered(p, t)))
 
 
 # --------------------------------------------------------------------------- the fit

@@ -27,6 +27,7 @@ from schemas import (
     question_order,
 )
 from schemas.formats import OutputFields
+from schemas.kinds import holds_kinds
 from schemas.names import (
     DEPLOYMENT_NAME_PATTERN,
     QUESTION_ID_PATTERN,
@@ -361,6 +362,7 @@ RUNTIME_ONLY = frozenset(
 )
 
 
+@holds_kinds
 class WorkerSettings(PipelineFields):
     """One replica of one pipeline: where to read and write, which engine, how to batch.
     What the pipeline says (topics, engine, batching, delivery, framing, routes, output

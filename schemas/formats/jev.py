@@ -17,60 +17,39 @@ record's value directly, would refuse one.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from schemas._common import WireModel
 from schemas.formats import register
 from schemas.formats._base import Format, NoOptions
-from schemas.result import (
-    ChoiceAnswer,
-    ClassificationResult,
-    ScoreAnswer,
-    SkippedAnswer,
-    YesNoAnswer,
-)
+from schemas.kinds import KindUnion, holds_kinds, kind_of_type
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-# Slack for an expected score a hair outside 0..n-1 (sums of rounded probabilities).
-_EPS = 1e-6
+# Each kind's answer in Jev's shape is its module's (`schemas/kinds/`); the three kinds' are
+# here too, where Jev's readers have found them.
+from schemas.kinds.choice import JevChoiceAnswer
+from schemas.kinds.score import JevScoreAnswer
+from schemas.kinds.yes_no import JevNoulAnswer
+from schemas.result import ClassificationResult
 
+__all__ = [
+    "JevAnswer",
+    "JevChoiceAnswer",
+    "JevNoulAnswer",
+    "JevResponse",
+    "JevScoreAnswer",
+    "JevUsage",
+    "jev_answer",
+    "to_jev",
+]
 
-class JevNoulAnswer(WireModel):
-    type: Literal["noul"] = "noul"
-    noul: Probability = Field(description="Probability of yes.")
+if TYPE_CHECKING:
+    JevAnswer = WireModel
+else:
 
-
-class JevChoiceAnswer(WireModel):
-    type: Literal["choice"] = "choice"
-    choice: str = Field(description="The most probable option's name.")
-    confidence: Probability = Field(description="Its probability.")
-    probabilities: dict[str, Probability] = Field(description="Option name -> probability.")
-
-
-class JevScoreAnswer(WireModel):
-    type: Literal["score"] = "score"
-    score: float = Field(
-        description="Expected level: sum of 0-based level index times its probability."
-    )
-    confidence: Probability = Field(description="The most probable level's probability.")
-    probabilities: dict[str, Probability] = Field(
-        description='Level index ("0".."n-1") -> probability.'
-    )
-    legend: dict[str, str] = Field(description='Level index ("0".."n-1") -> level name.')
-
-    @model_validator(mode="after")
-    def _consistent(self) -> JevScoreAnswer:
-        keys = [str(i) for i in range(len(self.legend))]
-        if list(self.legend) != keys or list(self.probabilities) != keys:
-            raise ValueError('legend and probabilities must be keyed "0".."n-1" in order')
-        if not -_EPS <= self.score <= len(keys) - 1 + _EPS:
-            raise ValueError(f"score must lie in 0..{len(keys) - 1}")
-        return self
-
-
-JevAnswer = Annotated[JevNoulAnswer | JevChoiceAnswer | JevScoreAnswer, Field(discriminator="type")]
+    class JevAnswer(KindUnion):
+        part = "jev"
 
 
 class JevUsage(WireModel):
@@ -78,6 +57,7 @@ class JevUsage(WireModel):
     output_tokens: int = Field(ge=0, description="Canvas positions computed, summed.")
 
 
+@holds_kinds
 class JevResponse(WireModel):
     """A result as Jev's `POST /v1/systemone` answers."""
 
@@ -86,33 +66,10 @@ class JevResponse(WireModel):
     usage: JevUsage
 
 
-def _score(answer: ScoreAnswer) -> JevScoreAnswer:
-    n = len(answer.legend)
-    names = [answer.legend[str(i + 1)] for i in range(n)]
-    expected = min(max(answer.expected_score - 1.0, 0.0), n - 1.0)
-    return JevScoreAnswer(
-        score=round(expected, 6),
-        confidence=answer.confidence,
-        probabilities={str(i): answer.probabilities[name] for i, name in enumerate(names)},
-        legend={str(i): name for i, name in enumerate(names)},
-    )
-
-
-def jev_answer(
-    answer: YesNoAnswer | ChoiceAnswer | ScoreAnswer | SkippedAnswer,
-) -> JevNoulAnswer | JevChoiceAnswer | JevScoreAnswer | None:
+def jev_answer(answer: Any) -> WireModel | None:
     """One answer in Jev's shape (None for a skipped one, which Jev has no shape for)."""
-    if isinstance(answer, YesNoAnswer):
-        return JevNoulAnswer(noul=answer.p_yes)
-    if isinstance(answer, ChoiceAnswer):
-        return JevChoiceAnswer(
-            choice=answer.choice,
-            confidence=answer.confidence,
-            probabilities=dict(answer.probabilities),
-        )
-    if isinstance(answer, ScoreAnswer):
-        return _score(answer)
-    return None
+    kind = kind_of_type(answer.type)
+    return None if kind is None else kind.to_jev(answer)
 
 
 def to_jev(result: ClassificationResult) -> JevResponse:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.kinds import name_of
 from topology.demo_tasks.generate import Example
 from topology.demo_tasks.words import KIND_OF, KINDS, QUESTION_TYPES
 
@@ -52,14 +53,7 @@ def result_dict(result: Any) -> dict[str, Any]:
 
 def answer_name(answer: Mapping[str, Any]) -> str | None:
     """The answer name a wire answer gives (`yes`/`no`, option, level), None if skipped."""
-    t = answer.get("type")
-    if t == "yes_no":
-        return str(answer["label"])
-    if t == "choice":
-        return str(answer["choice"])
-    if t == "score":
-        return str(answer["level"])
-    return None
+    return name_of(dict(answer))
 
 
 def score_results(examples: Sequence[Example], results: Sequence[Any]) -> list[ScoredRead]:

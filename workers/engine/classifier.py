@@ -31,7 +31,7 @@ from schemas import (
     SkippedAnswer,
     question_order,
 )
-from workers.engine.answers import choice_answer, score_answer, yes_no_answer
+from schemas.kinds import get_kind
 from workers.engine.reading import aggregate
 from workers.engine.template import (
     ChatFormat,
@@ -241,13 +241,7 @@ class Classifier:
             q = chunk.questions[qid]
             agg = aggregate([r[i] for r in chunk.reads])
             _, names = labels_and_answers(q)
-            kind = q.kind
-            if kind == "yes_no":
-                job.answers[qid] = yes_no_answer(agg)
-            elif kind == "choice":
-                job.answers[qid] = choice_answer(agg, names)
-            else:
-                job.answers[qid] = score_answer(agg, names)
+            job.answers[qid] = get_kind(q.kind).build(agg, names)
             job.answer_names[qid] = names[agg.argmax]
             job.entropy[qid] = round(agg.entropy, 6)
             job.label_mass[qid] = None if agg.label_mass is None else round(agg.label_mass, 6)

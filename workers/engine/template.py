@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from schemas.request import ChoiceQuestion, YesNoQuestion
+from schemas.kinds import get_kind, kinds
 from workers.engine.types import Read, Slot
 
 if TYPE_CHECKING:
@@ -36,31 +36,19 @@ CANVAS_QUANTUM = 16
 # template, canvas layout), named in every result's audit. Bump it with any change to the
 # text or layout that could move an answer: tests/workers/test_audit.py pins the rendered
 # prompt and canvas of a fixed request to this version.
+# Each kind's lines of the system text are its module's (`schemas/kinds/`, `Kind.prompt`):
+# a change there that could move an answer bumps this version too.
 PROMPT_TEMPLATE_VERSION = "dgstream-prompt-1"
-_LETTERS = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
 
 
 def labels_and_answers(question: Question) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The label tokens the model writes, and the answer each stands for, in order. The
-    answers and the kind are the contract's (`Question.answers`, `Question.kind`); the
-    labels are the engine's: yes/no as themselves, options A..Z, levels 1..9 then letters."""
-    answers = question.answers
-    if question.kind == "yes_no":
-        return answers, answers
-    if question.kind == "choice":
-        return tuple(_LETTERS[: len(answers)]), answers
-    # 1..9 then letters: "9" is the last one-character digit.
-    labels = tuple(str(i + 1) if i < 9 else _LETTERS[i - 9] for i in range(len(answers)))
-    return labels, answers
+    answers are the contract's (`Question.answers`); the labels are the question's kind's
+    (`Kind.labels`: yes/no as themselves, options A..Z, levels 1..9 then letters)."""
+    return get_kind(question.kind).labels(question), question.answers
 
 
 # --------------------------------------------------------------------------- texts
-
-
-def _heading(qid: str, what: str, instructions: str | None) -> str:
-    # Without instructions (a Jev question may leave them out) the heading stands alone.
-    head = f"Question {qid} ({what})"
-    return head if instructions is None else f"{head}: {instructions}"
 
 
 def system_text(questions: Mapping[str, Question]) -> str:
@@ -73,24 +61,8 @@ def system_text(questions: Mapping[str, Question]) -> str:
         "",
     ]
     for qid, q in questions.items():
-        labels, answers = labels_and_answers(q)
-        if isinstance(q, YesNoQuestion):
-            lines.append(_heading(qid, "yes/no", q.instructions))
-            crit = q.criteria
-            if crit is not None and crit.true:
-                lines.append(f"  yes: {crit.true}")
-            if crit is not None and crit.false:
-                lines.append(f"  no: {crit.false}")
-        elif isinstance(q, ChoiceQuestion):
-            lines.append(_heading(qid, "choice", q.instructions))
-            for label, name in zip(labels, answers, strict=True):
-                desc = q.criteria[name]
-                lines.append(f"  {label}: {name}" + (f" - {desc}" if desc else ""))
-        else:
-            lines.append(_heading(qid, f"score, {labels[0]} = lowest", q.instructions))
-            for label, level, given in zip(labels, answers, q.criteria, strict=True):
-                # A null level has no words to show: its label alone marks the step.
-                lines.append(f"  {label}" if given is None else f"  {label}: {level}")
+        labels, _ = labels_and_answers(q)
+        lines += get_kind(q.kind).prompt(qid, q, labels)
         lines.append(f"  Labels: {', '.join(labels)}")
     return "\n".join(lines)
 
@@ -296,11 +268,11 @@ def resolve_layout(
 
 
 def standard_label_ids(encode: Encoder, eot_id: int) -> tuple[int, ...]:
-    """The token ids of every label the templates write (yes/no, A..Z, 1..9) at a slot,
-    sorted; labels that are not one token there are left out (a read that needs them asks
-    for its own)."""
+    """The token ids of every label the templates write (each kind's `shared_labels`: yes/no,
+    A..Z, 1..9) at a slot, sorted; labels that are not one token there are left out (a read
+    that needs them asks for its own)."""
     ids: set[int] = set()
-    groups = [("yes", "no"), tuple(_LETTERS), tuple(str(i) for i in range(1, 10))]
+    groups = [k.shared_labels for k in kinds() if k.shared_labels]
     for labels in groups:
         try:
             layout = resolve_layout(encode, [("q", labels)], eot_id=eot_id, max_width=1 << 16)

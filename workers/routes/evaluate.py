@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from schemas import ChoiceAnswer, ClassificationResult, ScoreAnswer, SkippedAnswer, YesNoAnswer
+from schemas import ClassificationResult, SkippedAnswer
+from schemas.kinds import get_kind
 from workers.routes.fields import Value
 from workers.routes.tree import And, Bool, FieldRef, Node, Not, Num, Or, Text
 
@@ -27,19 +28,17 @@ def field_value(result: ClassificationResult, ref: FieldRef) -> Value:
     return _answer_value(answer, ref.name)
 
 
-def _answer_value(answer: YesNoAnswer | ChoiceAnswer | ScoreAnswer, name: str) -> Value:
+def _answer_value(answer: Any, name: str) -> Value:
     if name in ("confidence", "stderr", "agreement"):
         value: Value = getattr(answer, name)
         return value
-    if isinstance(answer, YesNoAnswer):
-        return {"p_yes": answer.p_yes, "label": answer.label}.get(name)
-    if isinstance(answer, ChoiceAnswer):
-        return answer.choice if name in ("choice", "label") else None
-    if name == "expected_score":
-        return answer.expected_score
-    if name == "score":
-        return answer.expected_score - 1.0
-    return answer.level if name in ("level", "label") else None
+    kind = get_kind(answer.type)
+    if name == "label":
+        return kind.answer_name(answer)
+    # A field of another kind has no value here (the load-time checks refuse it where the
+    # pipeline's questions are known).
+    own: Value = kind.value(answer, name) if name in kind.fields else None
+    return own
 
 
 _COMPARE: Mapping[str, Callable[[Any, Any], bool]] = {

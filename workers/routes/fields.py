@@ -4,10 +4,11 @@ load-time checks know of a pipeline's questions; the error every part of the lan
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from schemas import QuestionKind
+from schemas.kinds import get_kind, kind_names, kinds
 from workers.routes.tree import FieldRef
 
 Kind = QuestionKind  # the contract's kinds
@@ -32,22 +33,52 @@ class FieldSpec(NamedTuple):
     high: float = math.inf
 
 
-_ALL: frozenset[Kind] = frozenset({"yes_no", "choice", "score"})
-FIELDS: Mapping[str, FieldSpec] = {
-    "p_yes": FieldSpec("number", frozenset({"yes_no"}), 0.0, 1.0),
-    "confidence": FieldSpec("number", _ALL, 0.0, 1.0),
-    # A score of n levels: 0..n-1 (Jev's score), 1..n (ours); n is at most 10.
-    "score": FieldSpec("number", frozenset({"score"}), 0.0, 9.0),
-    "expected_score": FieldSpec("number", frozenset({"score"}), 1.0, 10.0),
-    "level": FieldSpec("text", frozenset({"score"})),
-    "choice": FieldSpec("text", frozenset({"choice"})),
-    "label": FieldSpec("text", _ALL),  # the answer's name, whatever the kind
-    "entropy": FieldSpec("number", _ALL, 0.0),
-    "label_mass": FieldSpec("number", _ALL, 0.0, 1.0),
-    "stderr": FieldSpec("number", _ALL, 0.0, 1.0),
-    "agreement": FieldSpec("number", _ALL, 0.0, 1.0),
-    "skipped": FieldSpec("bool", _ALL),
+# The fields every kind has (`label`: the answer's name, whatever the kind); each kind adds
+# its own (`Kind.fields`: yes/no's p_yes, choice's choice, score's score, expected_score and
+# level).
+COMMON_FIELDS: Mapping[str, tuple[ValueType, float, float]] = {
+    "confidence": ("number", 0.0, 1.0),
+    "label": ("text", -math.inf, math.inf),
+    "entropy": ("number", 0.0, math.inf),
+    "label_mass": ("number", 0.0, 1.0),
+    "stderr": ("number", 0.0, 1.0),
+    "agreement": ("number", 0.0, 1.0),
+    "skipped": ("bool", -math.inf, math.inf),
 }
+
+
+def _fields() -> dict[str, FieldSpec]:
+    out: dict[str, FieldSpec] = {}
+    for kind in kinds():
+        for name, f in kind.fields.items():
+            had = out.get(name)
+            if had is not None and had.type != f.type:
+                raise ValueError(f"route field {name!r} is a {had.type} and a {f.type}")
+            owners = had.kinds | {kind.name} if had is not None else frozenset({kind.name})
+            low = f.low if had is None else min(had.low, f.low)
+            high = f.high if had is None else max(had.high, f.high)
+            out[name] = FieldSpec(f.type, frozenset(owners), low, high)
+    every = frozenset(kind_names())
+    out.update(
+        (name, FieldSpec(t, every, low, high)) for name, (t, low, high) in COMMON_FIELDS.items()
+    )
+    return out
+
+
+class _Fields(Mapping[str, FieldSpec]):
+    """The fields, read from the registry of kinds at each use (a kind may come later)."""
+
+    def __getitem__(self, name: str) -> FieldSpec:
+        return _fields()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_fields())
+
+    def __len__(self) -> int:
+        return len(_fields())
+
+
+FIELDS: Mapping[str, FieldSpec] = _Fields()
 
 
 class QuestionInfo(NamedTuple):
@@ -67,10 +98,15 @@ def question_info(*question_sets: Mapping[str, Any]) -> dict[str, list[QuestionI
 
 
 def field_range(ref: FieldRef, infos: Sequence[QuestionInfo] | None) -> tuple[float, float]:
+    """A number field's range over the question's kinds that narrow it for its answers
+    (a score's `score`: 0..n-1), else the field's."""
     spec = FIELDS[ref.name]
-    sizes = [len(i.answers) for i in infos or () if i.kind == "score"]
-    if ref.name == "score" and sizes:
-        return 0.0, max(sizes) - 1.0
-    if ref.name == "expected_score" and sizes:
-        return 1.0, float(max(sizes))
+    ranges = [
+        r
+        for i in infos or ()
+        if i.kind in spec.kinds
+        and (r := get_kind(i.kind).field_range(ref.name, len(i.answers))) is not None
+    ]
+    if ranges:
+        return min(r[0] for r in ranges), max(r[1] for r in ranges)
     return spec.low, spec.high

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workers.engine.answers import choice_answer, score_answer, yes_no_answer
+from schemas.kinds import get_kind
 from workers.engine.reading import Aggregate, aggregate, entropy, slot_read_from_label_logits
 from workers.engine.types import SlotRead
 
@@ -108,6 +108,19 @@ def test_no_label_mass_when_no_read_knows_it() -> None:
 def _agg(mean: list[float], stderr: float | None = None, agreement: float | None = None) -> Any:
     m = np.asarray(mean)
     return Aggregate(m, float(m.max()), int(m.argmax()), stderr, agreement, 0.5, None, 2)
+
+
+# Each kind builds its answer (`Kind.build`, schemas/kinds/).
+def yes_no_answer(agg: Aggregate) -> Any:
+    return get_kind("yes_no").build(agg, ("yes", "no"))
+
+
+def choice_answer(agg: Aggregate, options: list[str]) -> Any:
+    return get_kind("choice").build(agg, options)
+
+
+def score_answer(agg: Aggregate, levels: list[str]) -> Any:
+    return get_kind("score").build(agg, levels)
 
 
 def test_yes_no_answer() -> None:

@@ -1,0 +1,197 @@
+"""`type: choice`: pick one of 2..26 named options. The model writes a letter, A..Z, one per
+option; the answer is the `choice` and every option's probability, as in Jev's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from schemas._common import WireModel, fail, has_control
+from schemas.content import Content
+from schemas.errors import ErrorCode
+from schemas.kinds import register
+from schemas.kinds._base import (
+    Aggregated,
+    Answered,
+    Kind,
+    Probability,
+    QuestionBase,
+    RouteField,
+    clean,
+    heading,
+)
+from schemas.kinds._labels import COMPARED, LABEL_RULES, PLAIN, alike
+from schemas.names import label_defect, label_key
+
+MAX_OPTION_CHARS = 64
+# One read carries one single-token label per option, A..Z (vLLM 0.33's decision reader caps
+# choices at 26 the same way); Jev itself takes up to 255 options.
+MIN_OPTIONS, MAX_OPTIONS = 2, 26
+JEV_MAX_OPTIONS = 255
+LETTERS = tuple(chr(c) for c in range(ord("A"), ord("Z") + 1))
+
+
+class ChoiceQuestion(QuestionBase):
+    """Pick one of 2..26 named options (Jev takes 255; one read carries 26 labels)."""
+
+    type: Literal["choice"]
+    criteria: dict[str, Content | None] = Field(
+        min_length=MIN_OPTIONS,
+        max_length=MAX_OPTIONS,
+        description="Option name -> description (text, JSON read as its text, or null), in "
+        "order. 2..26 options: one read carries one single-token label per option (A..Z). "
+        "Names are not blank, at most 64 characters, " + LABEL_RULES,
+    )
+
+    @field_validator("criteria", mode="before")
+    @classmethod
+    def _count_options(cls, value: Any) -> Any:
+        if isinstance(value, dict) and len(value) > MAX_OPTIONS:
+            within = "within" if len(value) <= JEV_MAX_OPTIONS else "beyond"
+            raise fail(
+                ErrorCode.TOO_MANY_OPTIONS,
+                f"{len(value)} options; dgstream answers at most {MAX_OPTIONS}: one read "
+                f"carries one single-token label per option (A..Z) ({within} Jev's "
+                f"{JEV_MAX_OPTIONS}). Split the options over several questions",
+            )
+        return value
+
+    @field_validator("criteria")
+    @classmethod
+    def _check_options(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        seen: dict[str, str] = {}
+        for name in value:
+            stripped = name.strip()
+            if not stripped or len(name) > MAX_OPTION_CHARS or has_control(name):
+                raise fail(
+                    ErrorCode.INVALID_OPTION_NAME,
+                    f"option name {name!r} must be 1..{MAX_OPTION_CHARS} characters, not blank, "
+                    "without control characters",
+                )
+            defect = label_defect(name)
+            if defect is not None:
+                raise fail(
+                    ErrorCode.INVALID_OPTION_NAME,
+                    f"option name {name!r} holds {defect}: {PLAIN}",
+                )
+            key = label_key(name)
+            if key in seen:
+                raise fail(
+                    ErrorCode.DUPLICATE_OPTION,
+                    f"option {alike(name, seen[key])} ({COMPARED})",
+                )
+            seen[key] = name
+        return value
+
+    @property
+    def kind(self) -> str:
+        return "choice"
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        return tuple(self.criteria)
+
+
+class ChoiceAnswer(Answered):
+    type: Literal["choice"] = "choice"
+    choice: str = Field(description="The option name chosen.")
+    probabilities: dict[str, Probability] = Field(description="Option name -> probability.")
+    raw_probabilities: dict[str, Probability] | None = Field(
+        default=None,
+        description="The engine's probabilities before the pipeline's calibration; null when "
+        "no calibration applied to this question.",
+    )
+
+    @model_validator(mode="after")
+    def _choice_is_an_option(self) -> ChoiceAnswer:
+        if self.choice not in self.probabilities:
+            raise ValueError(f"choice {self.choice!r} is not among the probabilities' options")
+        return self
+
+
+class JevChoiceAnswer(WireModel):
+    type: Literal["choice"] = "choice"
+    choice: str = Field(description="The most probable option's name.")
+    confidence: Probability = Field(description="Its probability.")
+    probabilities: dict[str, Probability] = Field(description="Option name -> probability.")
+
+
+@register
+class Choice(Kind):
+    name = "choice"
+    types = ("choice",)
+    question = ChoiceQuestion
+    answer = ChoiceAnswer
+    jev = JevChoiceAnswer
+    criteria_codes: ClassVar[Mapping[str, ErrorCode]] = {
+        "too_long": ErrorCode.TOO_MANY_OPTIONS,
+        "too_short": ErrorCode.TOO_FEW_OPTIONS,
+    }
+    fields: ClassVar[Mapping[str, RouteField]] = {"choice": RouteField("text")}
+    shared_labels = LETTERS
+
+    def labels(self, question: Any) -> tuple[str, ...]:
+        return LETTERS[: len(question.answers)]
+
+    def prompt(self, qid: str, question: Any, labels: Sequence[str]) -> list[str]:
+        lines = [heading(qid, "choice", question.instructions)]
+        for label, name in zip(labels, question.answers, strict=True):
+            desc = question.criteria[name]
+            lines.append(f"  {label}: {name}" + (f" - {desc}" if desc else ""))
+        return lines
+
+    def build(self, agg: Aggregated, answers: Sequence[str]) -> ChoiceAnswer:
+        return ChoiceAnswer(
+            type="choice",
+            choice=answers[agg.argmax],
+            probabilities={name: clean(p) for name, p in zip(answers, agg.mean, strict=True)},
+            confidence=clean(agg.confidence),
+            stderr=agg.stderr,
+            agreement=agg.agreement,
+        )
+
+    def answer_name(self, answer: Any) -> str:
+        name: str = answer.choice
+        return name
+
+    def line(self, answer: Mapping[str, Any]) -> str:
+        return f"{answer['choice']} ({answer['confidence']:.2f})"  # ours and Jev's alike
+
+    def value(self, answer: Any, field: str) -> Any:
+        return answer.choice if field == "choice" else None
+
+    def to_jev(self, answer: Any) -> JevChoiceAnswer:
+        return JevChoiceAnswer(
+            choice=answer.choice,
+            confidence=answer.confidence,
+            probabilities=dict(answer.probabilities),
+        )
+
+    def distribution(
+        self, answer: Mapping[str, Any], raw: bool
+    ) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+        probs = (answer.get("raw_probabilities") if raw else None) or answer.get("probabilities")
+        if not isinstance(probs, Mapping):
+            return None
+        return tuple(str(k) for k in probs), tuple(float(probs[k]) for k in probs)
+
+    def calibrated(
+        self,
+        answer: Any,
+        labels: Sequence[str],
+        temper: Callable[[Sequence[float]], list[float]],
+    ) -> ChoiceAnswer | None:
+        names = list(answer.probabilities)
+        if names != list(labels):
+            return None
+        probs = dict(zip(names, temper(list(answer.probabilities.values())), strict=True))
+        updated: ChoiceAnswer = answer.model_copy(
+            update={
+                "probabilities": probs,
+                "confidence": probs[answer.choice],
+                "raw_probabilities": dict(answer.probabilities),
+            }
+        )
+        return updated
