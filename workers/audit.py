@@ -23,6 +23,9 @@ from workers.engine.template import PROMPT_TEMPLATE_VERSION
 
 __all__ = ["Auditor", "checkpoint_of", "content_hash", "engine_fields", "routes_hash"]
 
+# The audits kept for reuse (question set or questions, route): a worker sees few.
+_KEPT = 1024
+
 
 def _version() -> str:
     try:
@@ -98,6 +101,7 @@ class Auditor:
             "dgstream_version": _version(),
         }
         self._set_hashes = {name: _questions_hash(qs) for name, qs in question_sets.items()}
+        self._made: dict[tuple[str | None, str, str], Audit] = {}
 
     def audit(self, request: ClassificationRequest, route: str) -> Audit:
         """The audit of `request`'s result, sent by `route` (a route's name, "default" or
@@ -107,8 +111,16 @@ class Auditor:
             qhash = self._set_hashes[name]
         else:
             qhash = _questions_hash(request.questions or {})
+        # An audit is frozen and depends on these three alone: one per combination, kept
+        # (bounded), instead of one pydantic model built per result.
+        key = (name, qhash, route)
+        made = self._made.get(key)
+        if made is not None:
+            return made
+        if len(self._made) >= _KEPT:
+            self._made.clear()
         # Every field is built here from validated settings: no second validation per result.
-        return Audit.model_construct(
+        made = self._made[key] = Audit.model_construct(
             **self._base,
             question_set=name,
             questions_hash=qhash,
@@ -116,6 +128,7 @@ class Auditor:
             route_rule=self._rules.get(route),
             route_acted=self._acted,
         )
+        return made
 
 
 def _questions_hash(questions: Mapping[str, Any]) -> str:

@@ -2,17 +2,23 @@
 calibration applied before the routes, the audit of each result, the CloudEvents
 attributes of its records, and its traces (`workers.tracing`, off by default).
 
-The engine stage opens a batch's trace (`trace_batch`) and marks its engine read; the
-output stage (`workers.outputs`) calibrates, audits and heads each record with it; the
-delivery ends the trace when the batch's outputs are acknowledged (`end_trace`).
+What they need of one record travels in one `RecordContext` (its entry, its place in the
+batch, the batch's trace, its CloudEvents id), made once per record by `contexts`, instead
+of as positional arguments through every call. The engine stage opens a batch's trace
+(`trace_batch`) and marks its engine read; the output stage (`workers.outputs`) makes the
+contexts, and calibrates, audits and heads each record with them; the delivery ends the
+trace when the batch's outputs are acknowledged (`end_trace`).
 """
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from schemas import ClassificationRequest, ClassificationResult
+from schemas import Audit, ClassificationRequest, ClassificationResult
 from schemas.cloudevents import DEAD_LETTER_TYPE, RESULT_TYPE, event_headers, input_event_id
 from workers.audit import Auditor, checkpoint_of
 from workers.batches import Batch, Entry
@@ -20,7 +26,64 @@ from workers.calibration import Calibrator
 from workers.settings import WorkerSettings
 from workers.tracing import BatchTrace, RecordRef, Tracing, trace_id_of
 
-__all__ = ["Decisions"]
+__all__ = ["Decisions", "RecordContext", "contexts"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordContext:
+    """One input record on its way to its output: what calibration, audit, CloudEvents,
+    tracing and the log lines read of it."""
+
+    entry: Entry
+    index: int | None = None  # its place in the batch: its span's (None: none)
+    trace: BatchTrace | None = None  # the batch's spans, while tracing is on
+    event_id: str | None = None  # its output's `ce_id` (None: drawn when needed)
+
+    @property
+    def request(self) -> ClassificationRequest | None:
+        return self.entry.request
+
+    @property
+    def source(self) -> tuple[str, int, int]:
+        """Where the input record is: topic, partition, offset."""
+        e = self.entry
+        return e.tp.topic, e.tp.partition, e.offset
+
+    @property
+    def trace_id(self) -> str | None:
+        """The trace id of the record's log lines: its span's, else its own traceparent's."""
+        if self.trace is not None and self.index is not None:
+            return self.trace.trace_id(self.index)
+        return trace_id_of(self.entry.headers)
+
+    @property
+    def cause(self) -> str | None:
+        """The CloudEvents id of the event it answers: the structured event's, else the
+        binary-mode input's `ce_id`."""
+        r = self.entry.request
+        if r is not None and r.event is not None:
+            return r.event.id
+        return input_event_id(self.entry.headers)
+
+    def trace_headers(self) -> list[tuple[str, bytes]]:
+        """The headers that make its span the parent of its output (none: tracing off)."""
+        if self.trace is None or self.index is None:
+            return []
+        return self.trace.headers(self.index)
+
+
+def contexts(batch: Batch, *, event_ids: bool = False) -> list[RecordContext]:
+    """A context per record of `batch`, in order; `event_ids`: each with its output's
+    CloudEvents id, version-4 UUIDs drawn from one read of the OS's random source for the
+    whole batch rather than one read per record."""
+    trace, n = batch.trace, len(batch.entries)
+    if not event_ids:
+        return [RecordContext(e, i, trace) for i, e in enumerate(batch.entries)]
+    raw = os.urandom(16 * n)
+    return [
+        RecordContext(e, i, trace, str(uuid.UUID(bytes=raw[16 * i : 16 * i + 16], version=4)))
+        for i, e in enumerate(batch.entries)
+    ]
 
 
 class Decisions:
@@ -84,39 +147,35 @@ class Decisions:
     def calibrate(self, result: ClassificationResult) -> ClassificationResult:
         return result if self.calibrator is None else self.calibrator.apply(result)
 
+    def audit(self, ctx: RecordContext, route: str) -> Audit:
+        """The audit of the record's result, sent by `route`."""
+        assert ctx.request is not None
+        return self.auditor.audit(ctx.request, route)
+
     def result_headers(
-        self,
-        entry: Entry,
-        request: ClassificationRequest,
-        result: ClassificationResult,
-        i: int,
-        trace: BatchTrace | None,
+        self, ctx: RecordContext, result: ClassificationResult
     ) -> list[tuple[str, bytes]]:
         """A result's CloudEvents attributes, and its trace context when tracing is on."""
-        cause = request.event.id if request.event is not None else input_event_id(entry.headers)
-        out = event_headers(RESULT_TYPE, self.source, result.id, causation=cause)
-        return out if trace is None else [*out, *trace.headers(i)]
+        out = event_headers(
+            RESULT_TYPE, self.source, result.id, causation=ctx.cause, event_id=ctx.event_id
+        )
+        return out if ctx.trace is None else [*out, *ctx.trace_headers()]
 
     def dead_letter_headers(
-        self, entry: Entry, request_id: str | None, i: int | None, trace: BatchTrace | None
+        self, ctx: RecordContext, request_id: str | None
     ) -> list[tuple[str, bytes]]:
-        cause = entry.request.event.id if entry.request and entry.request.event else None
+        cause = ctx.cause or input_event_id(ctx.entry.headers)
         out = event_headers(
-            DEAD_LETTER_TYPE,
-            self.source,
-            request_id,
-            causation=cause or input_event_id(entry.headers),
+            DEAD_LETTER_TYPE, self.source, request_id, causation=cause, event_id=ctx.event_id
         )
-        return out if trace is None or i is None else [*out, *trace.headers(i)]
-
-    @staticmethod
-    def trace_id(entry: Entry, i: int | None, trace: BatchTrace | None) -> str | None:
-        """The trace id of a request's log lines: its span's, else its own traceparent's."""
-        if trace is not None and i is not None:
-            return trace.trace_id(i)
-        return trace_id_of(entry.headers)
+        return out if ctx.trace is None else [*out, *ctx.trace_headers()]
 
     # ------------------------------------------------------------------ per batch
+
+    @staticmethod
+    def contexts(batch: Batch) -> list[RecordContext]:
+        """The batch's record contexts, each with its output's CloudEvents id."""
+        return contexts(batch, event_ids=True)
 
     def trace_batch(self, batch: Batch) -> BatchTrace | None:
         """The batch's spans (None when tracing is off), its consume wait already recorded

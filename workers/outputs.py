@@ -1,4 +1,10 @@
-"""Step 8 of the worker: one output per input record, in input order.
+"""Step 8 of the worker: one output per input record, in input order. `OutputBuilder` is the
+one owner of a record's way from the engine's answer to the bytes delivery sends: it
+calibrates, routes, audits, encodes, keys, heads, frames and fits a result (steps 8.1-8.8
+of `_result`), or dead-letters it, and hands delivery one `workers.batches.Output` per
+record. What it needs of a record travels in its `workers.decisions.RecordContext`.
+`workers.records` holds the pure rules it applies (keys, headers, fitting, dead-letter
+forms), `workers.topics` what it knows of each topic.
 
 A result goes to the output topic, or to the request's `reply_topic` when the pipeline
 allows it and the cluster has it (`workers.topics.TopicGuard`); a result that may not go
@@ -18,7 +24,6 @@ one output dead-letters that record.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,22 +33,23 @@ from schemas import (
     DeadLetter,
     ErrorCode,
     RequestError,
+    encode_output,
     get_format,
 )
 from schemas.framing import frame
-from workers.batches import Batch, Entry, Output
-from workers.decisions import Decisions
+from workers.batches import Batch, Output
+from workers.decisions import Decisions, RecordContext, contexts
 from workers.decompress import CutValue, UnreadBatch
 from workers.errors import WorkerFailed
 from workers.outage import Outage
 from workers.records import (
     RESULT_CORE,
     Original,
-    OutputRecord,
     dead_letter_record,
     fit_record,
+    output_headers,
+    output_key,
     reference_floor,
-    result_record,
 )
 from workers.registry import RegistryClient, RegistryDown
 from workers.routes import Router
@@ -80,6 +86,7 @@ class OutputBuilder:
         ]
         self._router = Router(settings.routes, settings.output_topic)
         self._format_options = settings.output_options()  # once, not per record
+        self._format_name = settings.output_format.encode()
         self._decisions = decisions
         self._registry: RegistryClient | None = None
         if settings.output_framing == "confluent" and settings.schema_registry is not None:
@@ -113,26 +120,38 @@ class OutputBuilder:
         assert self._registry is not None
         return self._registry.register(f"{topic}-value", _result_schema(self._settings))
 
-    async def _framed(self, rec: OutputRecord) -> OutputRecord:
+    async def _framed(self, topic: str, value: bytes) -> bytes:
+        """`value` in the registry's wire format (the schema's id before it), when framed."""
         if self._registry is None:
-            return rec
+            return value
         loop = asyncio.get_running_loop()
         try:
-            schema_id = await loop.run_in_executor(None, self._schema_id, rec.topic)
+            schema_id = await loop.run_in_executor(None, self._schema_id, topic)
         except RegistryDown as exc:
             raise Outage("output", f"the schema registry: {exc}"[:500]) from exc
-        return rec._replace(value=frame(schema_id, rec.value))
+        return frame(schema_id, value)
 
     async def build(
-        self, batch: Batch, outcomes: Sequence[ClassificationResult | RequestError]
+        self,
+        batch: Batch,
+        outcomes: Sequence[ClassificationResult | RequestError],
+        ctxs: Sequence[RecordContext] | None = None,
     ) -> list[Output]:
+        """The batch's outputs, one per record in order; `ctxs`: the records' contexts, made
+        here when not given."""
+        if ctxs is None:
+            d = self._decisions
+            ctxs = d.contexts(batch) if d is not None else contexts(batch)
         it = iter(outcomes)
         out: list[Output] = []
-        trace = batch.trace
-        for i, entry in enumerate(batch.entries):
+        for ctx in ctxs:
+            entry = ctx.entry
             outcome = next(it) if entry.error is None else entry.error
             try:
-                out.append(await self._output(entry, outcome, i, trace))
+                if isinstance(outcome, RequestError):
+                    out.append(await self.dead_letter(ctx, outcome))
+                else:
+                    out.append(await self._result(ctx, outcome))
             except (Outage, WorkerFailed):
                 # An outage is not the record's fault: the batch is held and tried again. A
                 # dead-letter topic too small for any letter fails the worker, loudly.
@@ -143,65 +162,67 @@ class OutputBuilder:
                     code=ErrorCode.ENGINE_FAILED,
                     message=f"the worker could not build this request's output: {exc!r}"[:500],
                 )
-                out.append(await self.dead_letter(entry, error, i, trace))
+                out.append(await self.dead_letter(ctx, error))
         return out
 
-    async def _output(
-        self, entry: Entry, outcome: ClassificationResult | RequestError, i: int, trace: Any
-    ) -> Output:
-        if isinstance(outcome, RequestError):
-            return await self.dead_letter(entry, outcome, i, trace)
-        assert entry.request is not None
-        d = self._decisions
-        extra: list[tuple[str, bytes]] = []
+    async def _result(self, ctx: RecordContext, result: ClassificationResult) -> Output:
+        """A result's record, every step of it here."""
+        request, entry, d, s = ctx.request, ctx.entry, self._decisions, self._settings
+        assert request is not None
+        # 8.1 Calibrated before the routes read it.
         if d is not None:
-            # Calibrated before the routes read it; audited once the route is known.
-            outcome = d.calibrate(outcome)
-            extra = d.result_headers(entry, entry.request, outcome, i, trace)
-        # The topic (reply topic, else the first route that holds, else the output topic;
-        # a shadow's always the output topic), the input's key and headers, the value in
-        # the pipeline's format.
-        s = self._settings
-        rec = result_record(
-            outcome,
-            router=self._router,
-            output_format=s.output_format,
-            reply_topic=entry.request.reply_topic,
-            input_key=entry.key,
-            input_headers=entry.headers,
-            ours=self._result_headers,
-            audit=None if d is None else functools.partial(d.auditor.audit, entry.request),
-            shadow=s.shadow,
-            options=self._format_options,
-            extra=extra,
-        )
-        refusal = await self._where(rec.topic)
+            result = d.calibrate(result)
+        # 8.2 The route: the reply topic, else the first route that holds, else the output
+        # topic; a shadow evaluates the routes but writes to the output topic, and never
+        # to a reply topic.
+        match = self._router.route(result, None if s.shadow else request.reply_topic)
+        topic = self._router.default.topic if s.shadow else match.topic
+        # 8.3 Audited once the route is known; 8.4 the value in the pipeline's format.
+        if d is not None:
+            result = result.model_copy(update={"audit": d.audit(ctx, match.name)})
+        value = encode_output(result, s.output_format, self._format_options)
+        # 8.5 The input's key (else the request id), the input's headers, then ours: the
+        # worker's, the format and route, CloudEvents attributes and trace context.
+        ours = [
+            *self._result_headers,
+            ("output_format", self._format_name),
+            ("route", match.name.encode()),
+        ]
+        if d is not None:
+            ours += d.result_headers(ctx, result)
+        headers = output_headers(entry.headers, ours)
+        key = output_key(entry.key, result.id)
+        # 8.6 May it go there (a reply topic allowed, existing, writable)? Learns the
+        # topic's limit on the way.
+        refusal = await self._where(topic)
         if refusal is not None:
-            return await self.dead_letter(entry, refusal, i, trace)
-        rec = await self._framed(rec)
-        limit = self._topics.limit(rec.topic)
-        source = (entry.tp.topic, entry.tp.partition, entry.offset)
-        fitted = fit_record(rec.value, rec.key, rec.headers, limit, keep=RESULT_CORE, source=source)
+            return await self.dead_letter(ctx, refusal)
+        # 8.7 Framed for the schema registry, when the pipeline asks for it.
+        value = await self._framed(topic, value)
+        # 8.8 Fitted to its topic, to the byte: as it is, else without some of the input's
+        # headers or its key, else dead-lettered.
+        limit = self._topics.limit(topic)
+        fitted = fit_record(value, key, headers, limit, keep=RESULT_CORE, source=ctx.source)
         if fitted is None:
             error = RequestError(
                 code=ErrorCode.OUTPUT_TOO_LARGE,
-                message=f"the result is {record_size(rec.key, rec.value, rec.headers)} bytes "
-                f"(kafka-python's estimate; its value {len(rec.value)}), and does not fit "
-                f"{rec.topic!r} ({limit.describe()}) even without the input's key and "
+                message=f"the result is {record_size(key, value, headers)} bytes "
+                f"(kafka-python's estimate; its value {len(value)}), and does not fit "
+                f"{topic!r} ({limit.describe()}) even without the input's key and "
                 "headers",
             )
-            return await self.dead_letter(entry, error, i, trace)
+            return await self.dead_letter(ctx, error)
         if fitted.cut:
             self._log.warning(
                 "output_shrunk",
-                topic=rec.topic,
+                topic=topic,
                 cut=",".join(fitted.cut),
                 headers_dropped=fitted.dropped,
                 source=f"{entry.tp.topic}/{entry.tp.partition}/{entry.offset}",
-                trace_id=Decisions.trace_id(entry, i, trace),
+                trace_id=ctx.trace_id,
             )
-        headers: list[tuple[str, bytes | None]] = list(fitted.headers)
-        return Output(rec.topic, fitted.key, rec.value, headers, entry, None, rec.route)
+        sent: list[tuple[str, bytes | None]] = list(fitted.headers)
+        return Output(topic, fitted.key, value, sent, entry, None, match.name)
 
     async def _where(self, topic: str) -> RequestError | None:
         """Why a result may not go to `topic` (None: it may); learns the topic's limit."""
@@ -222,14 +243,12 @@ class OutputBuilder:
         except TimeoutError:
             return None
 
-    async def dead_letter(
-        self, entry: Entry, error: RequestError, i: int | None = None, trace: Any = None
-    ) -> Output:
+    async def dead_letter(self, ctx: RecordContext, error: RequestError) -> Output:
         """The refused record's dead letter, in the first of its forms that fits the
         dead-letter topic (`workers.records.dead_letter_record`): the JSON document, the
         original itself with the error in headers (Kafka Connect's convention), the
         document with part of the original, or with none of it but where it is."""
-        s = self._settings
+        s, entry = self._settings, ctx.entry
         letter = DeadLetter.build(
             error,
             entry.value,
@@ -249,7 +268,7 @@ class OutputBuilder:
         ours = self._dead_letter_ours(error.code)
         d = self._decisions
         if d is not None:
-            ours += d.dead_letter_headers(entry, letter.request_id, i, trace)
+            ours += d.dead_letter_headers(ctx, letter.request_id)
         topic = s.dead_letter_topic
         if self._topics.due(topic):
             await self._lookup(topic)  # forgotten after a refused send: its limit again
@@ -264,7 +283,7 @@ class OutputBuilder:
         self._log.info(
             "dead_letter",
             request_id=letter.request_id,
-            trace_id=Decisions.trace_id(entry, i, trace),
+            trace_id=ctx.trace_id,
             code=error.code.value,
             message=error.message[:300],
             topic=entry.tp.topic,

@@ -12,9 +12,8 @@ its headers, both taken from the input record so that consumers keep what they r
   else a CloudEvents consumer would take the result for the request. A null header value
   is copied as empty bytes (the Kafka client writes bytes only).
 
-`result_record` puts it together for one result: its topic (reply topic, route, or the
-output topic; in shadow mode always the output topic), key, value in the pipeline's format
-with the audit of the route that matched, and headers.
+`workers.outputs.OutputBuilder` puts a result's record together (its topic, key, value
+and headers) by these rules; nothing here knows of routes, audits or traces.
 
 The one place that decides an output's final form, so that every record fits its topic
 (`workers.topics.Limit`, to the byte) and the worker never sends what the producer or the
@@ -42,27 +41,23 @@ broker would refuse:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import size_of_varint
-from pydantic import BaseModel
 
 from schemas import (
-    Audit,
-    ClassificationResult,
     DeadLetter,
     ErrorCode,
-    OutputFormat,
     RequestError,
-    encode_output,
 )
 from schemas.cloudevents import is_event_header
 from schemas.dead_letter import RAW_FORMAT, sha256_hex
-from workers.routes import Router
 from workers.topics import Limit, header_size, record_size
 
 __all__ = [
@@ -75,14 +70,12 @@ __all__ = [
     "Header",
     "LetterRecord",
     "Original",
-    "OutputRecord",
     "dead_letter_record",
     "fit_record",
     "key_digest",
     "output_headers",
     "output_key",
     "reference_floor",
-    "result_record",
 ]
 
 Header = tuple[str, bytes]
@@ -135,12 +128,18 @@ def output_key(input_key: bytes | None, request_id: str | None) -> bytes | None:
     return None if request_id is None else request_id.encode("utf-8", "surrogatepass")
 
 
+@functools.lru_cache(maxsize=64)
+def _taken(names: tuple[str, ...]) -> frozenset[str]:
+    """The input header names (lower case) that `ours` named `names` replace: a worker's
+    records carry a few sets of names, so each set is worked out once."""
+    return frozenset(name.lower() for name in OWN_HEADERS.union(names))
+
+
 def output_headers(
     input_headers: Iterable[tuple[str, bytes | None]] | None, ours: Sequence[Header]
 ) -> list[Header]:
     """The input's headers without those named like ours, then `ours` (in that order)."""
-    own = OWN_HEADERS | {name for name, _ in ours}
-    taken = {name.lower() for name in own}
+    taken = _taken(tuple(name for name, _ in ours))
     out: list[Header] = []
     for name, value in input_headers or ():
         if name.lower() in taken or is_event_header(name):
@@ -148,54 +147,6 @@ def output_headers(
         out.append((name, b"" if value is None else bytes(value)))
     out.extend((name, bytes(value)) for name, value in ours)
     return out
-
-
-class OutputRecord(NamedTuple):
-    """A record to produce, and the route that chose its topic (for the per-route counter)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[Header]
-    route: str
-
-
-def result_record(
-    result: ClassificationResult,
-    *,
-    router: Router,
-    output_format: OutputFormat,
-    reply_topic: str | None,
-    input_key: bytes | None,
-    input_headers: Iterable[tuple[str, bytes | None]] | None,
-    ours: Sequence[Header],
-    audit: Callable[[str], Audit] | None = None,
-    shadow: bool = False,
-    options: BaseModel | None = None,
-    extra: Sequence[Header] = (),
-) -> OutputRecord:
-    """The output record of one result. `ours`: the worker's headers (schema_version, model,
-    worker); `output_format`, `route` and `extra` (CloudEvents attributes, trace context)
-    are added to them. `audit(route)` gives the result's audit once its route is known. In
-    `shadow` mode the route is evaluated (and audited) but every result goes to the router's
-    default topic, and a reply topic is ignored. `options`: the format's (its defaults when
-    None)."""
-    match = router.route(result, None if shadow else reply_topic)
-    if audit is not None:
-        result = result.model_copy(update={"audit": audit(match.name)})
-    headers = output_headers(
-        input_headers,
-        [
-            *ours,
-            ("output_format", output_format.encode()),
-            ("route", match.name.encode()),
-            *extra,
-        ],
-    )
-    key = output_key(input_key, result.id)
-    topic = router.default.topic if shadow else match.topic
-    value = encode_output(result, output_format, options)
-    return OutputRecord(topic, key, value, headers, match.name)
 
 
 # --------------------------------------------------------------------------- fitting
@@ -269,9 +220,15 @@ def fit_record(
     and key's terms of `size_of`), summed once and cut by difference: linear in the
     headers, whatever their number."""
     hs: list[Header] = [(k, b"" if v is None else bytes(v)) for k, v in headers]
-    unsendable = [i for i, (k, _) in enumerate(hs) if not _encodable(k)]
-    if not unsendable and limit.fits(key, value, hs):
+    try:
+        # kafka-python's own sum, once (`Limit.fits` is this sum against `max_size_of`);
+        # it encodes every header name, so a name with no UTF-8 form raises.
+        whole = DefaultRecordBatchBuilder.size_of(key, value, hs)
+    except UnicodeEncodeError:
+        whole = -1
+    if 0 <= whole <= limit.max_size_of:
         return Fitted(key, hs, (), 0)
+    unsendable = [i for i, (k, _) in enumerate(hs) if not _encodable(k)]
     # A header whose name has no UTF-8 form cannot be sent at all: it always goes.
     gone = set(unsendable)
     droppable = [i for i in range(len(hs)) if i not in gone and hs[i][0] not in keep]

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
+from kafka import TopicPartition
 
-from schemas import ClassificationResult, JevResponse, read_output
-from workers.records import OWN_HEADERS, output_headers, output_key, result_record
-from workers.routes import Route, Router
+from schemas import (
+    ClassificationRequest,
+    ClassificationResult,
+    JevResponse,
+    parse_request,
+    read_output,
+)
+from workers.batches import Batch, Entry, Output
+from workers.kafka_settings import KafkaConnection
+from workers.outputs import OutputBuilder
+from workers.records import OWN_HEADERS, output_headers, output_key
+from workers.routes import Route
+from workers.settings import WorkerSettings
+from workers.topics import TopicGuard
 
 pytestmark = pytest.mark.unit
 
@@ -118,7 +132,62 @@ def _result(p_yes: float) -> ClassificationResult:
     )
 
 
-ROUTER = Router([Route(name="block", when="toxic.p_yes >= 0.9", topic="mod.block")], "mod.out")
+BLOCK = Route(name="block", when="toxic.p_yes >= 0.9", topic="mod.block")
+
+
+def one_output(
+    result: ClassificationResult,
+    *,
+    output_format: str = "dgstream",
+    reply_topic: str | None = None,
+    key: bytes | None = None,
+    headers: list[tuple[str, bytes | None]] | None = None,
+) -> Output:
+    """`result`'s output record as the worker's output builder makes it (no decisions)."""
+    settings = WorkerSettings(
+        pipeline="mod",
+        input_topics=["mod.in"],
+        output_topic="mod.out",
+        dead_letter_topic="mod.dead",
+        group_id="g",
+        kafka=KafkaConnection(bootstrap_servers="127.0.0.1:9092"),
+        routes=[BLOCK],
+        reply_topics=["client.*"],
+        output_format=output_format,
+    )
+
+    def describe(topic: str) -> tuple[dict[str, Any], int | None, str | None]:
+        return {"error_code": 0, "authorized_operations": ["WRITE"]}, 1_048_588, "producer"
+
+    class Log:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **k: None
+
+    builder = OutputBuilder(settings, b"demo", TopicGuard(settings, describe), Log())
+    body = {
+        "id": result.id,
+        "state": "s",
+        "questions": {"toxic": {"type": "yes_no", "instructions": "Toxic?"}},
+        **({"reply_topic": reply_topic} if reply_topic else {}),
+    }
+    request = parse_request(json.dumps(body).encode())
+    assert isinstance(request, ClassificationRequest)
+    entry = Entry(
+        TopicPartition(
+            "mod.in",
+            0,
+        ),
+        7,
+        key,
+        b"{}",
+        0,
+        headers or [],
+        request,
+    )
+    batch = Batch(seq=0)
+    batch.add(entry)
+    (out,) = asyncio.run(builder.build(batch, [result]))
+    return out
 
 
 @pytest.mark.parametrize(
@@ -129,33 +198,25 @@ ROUTER = Router([Route(name="block", when="toxic.p_yes >= 0.9", topic="mod.block
         (0.95, "client.replies", None, ("client.replies", b"in-0-7", "reply")),
     ],
 )
-def test_result_record_routes_keys_and_formats(
+def test_a_result_record_is_routed_keyed_and_formatted(
     p_yes: float, reply: str | None, key: bytes | None, expected: tuple[str, bytes, str]
 ) -> None:
-    rec = result_record(
+    rec = one_output(
         _result(p_yes),
-        router=ROUTER,
         output_format="jev",
         reply_topic=reply,
-        input_key=key,
-        input_headers=[TRACE, ("route", b"upstream")],
-        ours=OURS,
+        key=key,
+        headers=[TRACE, ("route", b"upstream")],
     )
-    assert (rec.topic, rec.key, rec.route) == expected
+    assert (rec.topic, rec.key, rec.route, rec.dead_code) == (*expected, None)
     assert isinstance(read_output(rec.value), JevResponse)
     assert rec.headers == [
         TRACE,
-        *OURS,
+        ("schema_version", b"1"),
+        ("model", b"demo"),
+        ("worker", b"default.mod-0"),
         ("output_format", b"jev"),
         ("route", expected[2].encode()),
     ]
-    ours = result_record(
-        _result(p_yes),
-        router=ROUTER,
-        output_format="dgstream",
-        reply_topic=reply,
-        input_key=key,
-        input_headers=None,
-        ours=OURS,
-    )
+    ours = one_output(_result(p_yes), reply_topic=reply, key=key)
     assert read_output(ours.value) == _result(p_yes)

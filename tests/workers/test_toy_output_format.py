@@ -4,19 +4,30 @@ knowing it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kafka import TopicPartition
 from pydantic import BaseModel, ConfigDict
 
-from schemas import ClassificationResult, YesNoAnswer, encode_output, read_output
+from schemas import (
+    ClassificationRequest,
+    ClassificationResult,
+    YesNoAnswer,
+    encode_output,
+    parse_request,
+    read_output,
+)
 from schemas.formats import Format, format_names, register, unregister
 from schemas.result import Diagnostics
+from workers.batches import Batch, Entry, Output
 from workers.kafka_settings import KafkaConnection
-from workers.records import result_record
-from workers.routes import Router
+from workers.outputs import OutputBuilder
 from workers.settings import WorkerSettings
+from workers.topics import TopicGuard
 
 pytestmark = pytest.mark.unit
 
@@ -72,6 +83,27 @@ def _result() -> ClassificationResult:
     )
 
 
+def _output(settings: WorkerSettings, result: ClassificationResult, key: bytes) -> Output:
+    """`result`'s output record as the worker's output builder makes it (no decisions)."""
+
+    def describe(topic: str) -> tuple[dict[str, Any], int | None, str | None]:
+        return {"error_code": 0, "authorized_operations": ["WRITE"]}, 1_048_588, "producer"
+
+    class Log:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **k: None
+
+    builder = OutputBuilder(settings, b"demo", TopicGuard(settings, describe), Log())
+    q = {"type": "yes_no", "instructions": "Toxic?"}
+    body = {"id": result.id, "state": "s", "questions": {"toxic": q}}
+    request = parse_request(json.dumps(body).encode())
+    assert isinstance(request, ClassificationRequest)
+    batch = Batch(seq=0)
+    batch.add(Entry(TopicPartition("requests", 0), 0, key, b"{}", 0, [], request))
+    (out,) = asyncio.run(builder.build(batch, [result]))
+    return out
+
+
 def _settings(**overrides: Any) -> WorkerSettings:
     return WorkerSettings.model_validate(
         {
@@ -93,18 +125,15 @@ def test_a_toy_format_goes_through_encode_and_the_output_record(toy: None) -> No
 
     settings = _settings(output_format="toy")
     assert settings.output_options() == ToyOptions()  # no pipeline key: its defaults
-    rec = result_record(
-        res,
-        router=Router([], settings.output_topic),
-        output_format=settings.output_format,
-        reply_topic=None,
-        input_key=b"k",
-        input_headers=None,
-        ours=[("worker", b"w")],
-        options=settings.output_options(),
-    )
+    rec = _output(settings, res, key=b"k")
     assert (rec.topic, rec.key, rec.value) == ("results", b"k", b'{"line":"toxic=yes"}')
-    assert rec.headers == [("worker", b"w"), ("output_format", b"toy"), ("route", b"default")]
+    assert rec.headers == [
+        ("schema_version", b"1"),
+        ("model", b"demo"),
+        ("worker", b"default.toy-0"),
+        ("output_format", b"toy"),
+        ("route", b"default"),
+    ]
     # Readers that know the built-in shapes refuse it rather than misread it.
     with pytest.raises(ValueError, match="not a result this reader knows"):
         read_output(rec.value)

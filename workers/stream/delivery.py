@@ -31,7 +31,7 @@ from workers.commit import (
     Marks,
     Ready,
 )
-from workers.decisions import Decisions
+from workers.decisions import Decisions, RecordContext
 from workers.errors import OutputFailed, SendFailed, WorkerFailed
 from workers.kafka_quirks import fenced, no_auto_create
 from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
@@ -148,7 +148,7 @@ class Delivery(ABC):
             for i, o in enumerate(outputs):
                 if o.dead_code is None and o.key is not None:
                     rid = o.key.decode("utf-8", "backslashreplace")  # the input's key: any bytes
-                    trace_id = Decisions.trace_id(o.entry, i, batch.trace)
+                    trace_id = RecordContext(o.entry, i, batch.trace).trace_id
                     self._s.log.debug("answered", key=rid, topic=o.topic, trace_id=trace_id)
 
     def _watch(self, batch: Batch, outputs: list[Output], futures: list[Any]) -> None:

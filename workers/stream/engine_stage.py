@@ -1,7 +1,8 @@
 """The engine stage: the engine loop's thread, an asyncio loop that owns the `Classifier`.
 
 Per batch, in submission order: classify every request at once (`workers.classify`),
-build the outputs (`workers.outputs`), then, once the previous batch's outputs went,
+build the outputs (`workers.outputs.OutputBuilder`, the one owner of a result's way to its
+bytes, from each record's context made here), then, once the previous batch's outputs went,
 hand them to delivery (the `send` it was given): per-partition order is kept while the
 next batch is already at the engine. A batch that fails goes to the completion queue
 with its error, raw: the error table (`workers.stream.actions`) decides what it does.
@@ -21,7 +22,7 @@ from typing import Any
 
 from workers.batches import Batch, Output
 from workers.classify import BatchClassifier
-from workers.decisions import Decisions
+from workers.decisions import Decisions, RecordContext
 from workers.engine.classifier import Classifier
 from workers.images import InputGate
 from workers.outputs import OutputBuilder
@@ -82,9 +83,9 @@ class EngineStage:
         prev, mine = self._send_turn, asyncio.Event()
         self._send_turn = mine
         try:
-            outcomes = await self._classify(batch)
+            ctxs, outcomes = await self._classify(batch)
             assert self._outputs is not None and self._send is not None
-            outputs = await self._outputs.build(batch, outcomes)
+            outputs = await self._outputs.build(batch, outcomes, ctxs)
             if prev is not None:
                 await prev.wait()
             if batch.trace is not None:
@@ -97,8 +98,9 @@ class EngineStage:
         finally:
             mine.set()  # the next batch's outputs may go (a failed one sends nothing more)
 
-    async def _classify(self, batch: Batch) -> list[Any]:
-        """Step 7: every request of the batch through the classifier, in one call."""
+    async def _classify(self, batch: Batch) -> tuple[list[RecordContext], list[Any]]:
+        """Step 7: every request of the batch through the classifier, in one call; the
+        records' contexts (made once the batch's trace is open) and the outcomes."""
         s, metrics = self._s, self._s.metrics
         t0 = time.perf_counter()
         try:
@@ -106,12 +108,13 @@ class EngineStage:
             assert self.classifier is not None and self._decisions is not None
             settings = s.settings
             batch.trace = self._decisions.trace_batch(batch)  # None: tracing is off
+            ctxs = self._decisions.contexts(batch)
             step = BatchClassifier(
                 self.classifier,
                 settings.engine_retries,
                 settings.engine_retry_backoff_s,
                 s.log,
-                trace_ids=_trace_ids(batch, self._decisions),
+                trace_ids=_trace_ids(ctxs),
                 gate=InputGate(settings.images, self.classifier.engine.info),
             )
             outcomes = await step.classify(requests) if requests else []
@@ -122,7 +125,7 @@ class EngineStage:
         metrics.record_batch(len(batch))
         if requests:
             metrics.record_engine(time.perf_counter() - t0, step.calls)
-        return outcomes
+        return ctxs, outcomes
 
     def _on_loop(self, coro: Any) -> ConcurrentFuture[Any]:
         assert self._loop is not None
@@ -151,12 +154,12 @@ class EngineStage:
             loop.close()
 
 
-def _trace_ids(batch: Batch, decisions: Decisions) -> dict[str, str]:
+def _trace_ids(ctxs: list[RecordContext]) -> dict[str, str]:
     """Request id -> trace id, for the engine stage's log lines about a request."""
     out = {}
-    for i, e in enumerate(batch.entries):
-        if e.request is not None:
-            tid = decisions.trace_id(e, i, batch.trace)
+    for ctx in ctxs:
+        if ctx.request is not None:
+            tid = ctx.trace_id
             if tid is not None:
-                out[e.request.id] = tid
+                out[ctx.request.id] = tid
     return out
