@@ -13,7 +13,9 @@ from typing import Any
 
 from workers.engine.vllm.settings import MAX_NUM_SEQS, VllmSettings
 from workers.engine.vllm.sizing import (
+    MAX_SOFT_TOKENS,
     check_full_graphs,
+    check_images,
     check_model,
     graph_sizes,
     stock_utilization,
@@ -139,6 +141,7 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         stock_utilization(settings, seqs) if path == "stock" else settings.gpu_memory_utilization
     )
     check_full_graphs(settings, utilization)
+    check_images(settings, utilization)
     one_step = settings.one_step_resolved(path)[0]
     options = ReadPathOptions(
         enabled=path == "dgstream",
@@ -168,11 +171,18 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
         "seed": settings.seed,
         "tensor_parallel_size": settings.tensor_parallel_size,
         "enforce_eager": settings.enforce_eager,
-        "language_model_only": settings.language_model_only,
+        "language_model_only": settings.language_model_only and not settings.reads_images,
         "skip_tokenizer_init": settings.skip_tokenizer_init,
         "load_format": settings.load_format,
         "additional_config": options.as_additional_config(),
     }
+    if settings.reads_images:
+        # Images only (DiffusionGemma has no audio tower; a video's 32 frames of 78 tokens
+        # would make vLLM profile videos, the modality with the most tokens an item), at the
+        # processor's smallest budget, which holds the engine's 64-token square
+        # (`workers.engine.vllm.images`).
+        args["limit_mm_per_prompt"] = {"image": settings.images_per_request, "video": 0}
+        args["mm_processor_kwargs"] = {"max_soft_tokens": MAX_SOFT_TOKENS}
     sizes = graph_sizes(settings)
     if sizes is not None:
         args["cudagraph_capture_sizes"] = list(sizes)
@@ -266,6 +276,9 @@ def serve_command(
     for flag, value in flags.items():
         if value is not None:
             cmd += [f"--{flag}", str(value)]
+    for key in ("limit_mm_per_prompt", "mm_processor_kwargs"):
+        if key in a:
+            cmd += [f"--{key.replace('_', '-')}", json.dumps(a[key])]
     if "cudagraph_capture_sizes" in a:
         cmd += ["--cudagraph-capture-sizes", *(str(n) for n in a["cudagraph_capture_sizes"])]
     if "compilation_config" in a:

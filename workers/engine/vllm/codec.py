@@ -29,6 +29,7 @@ from workers.engine.types import (
     Slot,
     SlotRead,
 )
+from workers.engine.vllm.images import ImageLayout, multimodal_prompt
 from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
 from workers.engine.vllm_reads.options import TWO_STEP_KEY
 
@@ -40,6 +41,7 @@ __all__ = [
     "NORMALIZER_TOL",
     "TWO_STEP_KEY",
     "build_completion_body",
+    "build_prompt",
     "build_sampling_params",
     "build_xargs",
     "check_row",
@@ -65,6 +67,30 @@ def _extra_args(
     if two_step:
         args[TWO_STEP_KEY] = one(True)
     return args
+
+
+def build_prompt(
+    read: Read, layout: ImageLayout | None = None, *, most_images: int = 0, index: int = 0
+) -> Any:
+    """The vLLM prompt of one read (in-process mode): a text-only read's token ids as they
+    always were (`tokens_input`, no multimodal processing); a read with images a
+    `TokensPrompt` with one image token per image at its shared prefix's end and the
+    images as `multi_modal_data` (`workers.engine.vllm.images`). The canvas follows the
+    prompt as vLLM expands it, so the slots' canvas positions do not move. `ReadRejected`
+    for images an engine without the tower (no `layout`) or past `most_images` would get."""
+    if not read.images:
+        from vllm.inputs import tokens_input
+
+        return tokens_input([int(t) for t in read.prompt_ids])
+    if layout is None:
+        raise ReadRejected(index, f"read {read.tag!r}: this vLLM engine does not read images")
+    if len(read.images) > most_images:
+        raise ReadRejected(
+            index,
+            f"read {read.tag!r}: {len(read.images)} images, above engine.vllm."
+            f"images_per_request ({most_images})",
+        )
+    return multimodal_prompt(read, layout, index)
 
 
 def logprob_ids(read: Read, shared: frozenset[int] | tuple[int, ...] = ()) -> list[int]:

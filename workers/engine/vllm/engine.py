@@ -16,11 +16,13 @@ from workers.engine.types import (
     EngineInfo,
     FatalEngineError,
     Read,
+    ReadRejected,
     ReadResult,
     RecoverableEngineError,
 )
 from workers.engine.vllm.args import apply_cache_dir, engine_args, resolve_read_path
-from workers.engine.vllm.codec import build_sampling_params, parse_output, settle
+from workers.engine.vllm.codec import build_prompt, build_sampling_params, parse_output, settle
+from workers.engine.vllm.images import ImageLayout
 from workers.engine.vllm.settings import VllmSettings
 
 __all__ = ["VllmEngine"]
@@ -49,6 +51,9 @@ class VllmEngine:
         self.read_path: str | None = None
         # This engine's reads opt out of one-step reads (a sibling's, for side-by-side runs).
         self.two_step = False
+        # Where a read's images go and how they are sized (`images_per_request` > 0 and a
+        # model with a vision tower); None until start, and for text-only engines.
+        self.image_layout: ImageLayout | None = None
 
     @property
     def info(self) -> EngineInfo:
@@ -58,6 +63,9 @@ class VllmEngine:
             canvas_length=self.settings.canvas_length,
             vocab_size=self._vocab_size,
             device="cuda",
+            # Before start: what the settings ask; after: whether the model has a tower.
+            reads_images=self.settings.reads_images
+            and (self._engine is None or self.image_layout is not None),
         )
 
     def sibling(
@@ -74,6 +82,7 @@ class VllmEngine:
         other = VllmEngine(self.settings.model_copy(update={"diffusion_constrained": constrained}))
         other._engine, other._vocab_size, other._lock = self._engine, self._vocab_size, self._lock
         other.read_path = self.read_path
+        other.image_layout = self.image_layout
         other.two_step = two_step
         return other
 
@@ -100,6 +109,15 @@ class VllmEngine:
                 raise FatalEngineError(f"vLLM engine failed to start: {exc}") from exc
             self._engine = engine
             self._vocab_size = int(engine.model_config.get_vocab_size())
+            if self.settings.reads_images:
+                self.image_layout = ImageLayout.from_config(engine.model_config.hf_config)
+                if self.image_layout is None:
+                    log.warning(
+                        "engine.vllm.images_per_request %d, but %s has no vision tower: "
+                        "requests with images are refused (IMAGES_NOT_READ)",
+                        self.settings.images_per_request,
+                        self.settings.model,
+                    )
 
     def _engine_kwargs(self) -> Any:
         """vLLM's engine arguments on the read path that can run here (it says which)."""
@@ -137,13 +155,17 @@ class VllmEngine:
         if engine.errored:
             raise FatalEngineError("vLLM engine is dead")
         outcomes = await asyncio.gather(
-            *(self._read_one(engine, r) for r in reads), return_exceptions=True
+            *(self._read_one(engine, r, i) for i, r in enumerate(reads)), return_exceptions=True
         )
         return settle(outcomes, _classify_vllm_error)
 
-    async def _read_one(self, engine: Any, read: Read) -> ReadResult:
-        from vllm.inputs import tokens_input
-
+    async def _read_one(self, engine: Any, read: Read, index: int = 0) -> ReadResult:
+        prompt = build_prompt(
+            read,
+            self.image_layout,
+            most_images=self.settings.images_per_request,
+            index=index,
+        )
         params = build_sampling_params(
             read, self.settings, self.shared_labels, two_step=self.two_step
         )
@@ -151,9 +173,9 @@ class VllmEngine:
 
         async def consume() -> Any:
             final = None
-            async for out in engine.generate(
-                tokens_input(list(read.prompt_ids)), params, _request_id(read)
-            ):
+            # Text only: rendered token input. With images: a TokensPrompt, which vLLM's
+            # renderer runs through the model's multimodal processor (off the event loop).
+            async for out in engine.generate(prompt, params, _request_id(read)):
                 final = out
             return final
 
@@ -193,6 +215,8 @@ def _classify_vllm_error(exc: BaseException) -> tuple[str, str]:
 
     if isinstance(exc, EngineDeadError | FatalEngineError):
         return "fatal", str(exc) or type(exc).__name__
+    if isinstance(exc, ReadRejected):  # refused before vLLM saw it (`build_prompt`)
+        return "rejected", exc.reason
     if isinstance(exc, VLLMClientError | ValueError | TypeError):
         return "rejected", str(exc)
     if isinstance(exc, TimeoutError):

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.images import MAX_IMAGES
 from workers.engine.vllm_reads import rules
 
 __all__ = [
@@ -105,7 +106,17 @@ class VllmSettings(BaseModel):
     enforce_eager: bool = False
     # Reads are text only: skip the vision tower's weights and its dummy-image memory
     # profiling (`MultiModalConfig.language_model_only`), memory a 24 GB card lacks.
+    # `images_per_request` > 0 turns the tower on (with this set true explicitly: refused).
     language_model_only: bool = True
+    # Images a request may carry to the vision tower; 0 (the default): the tower stays off
+    # and a request with images is dead-lettered IMAGES_NOT_READ. N > 0 loads the tower
+    # (`language_model_only` False, vLLM's `limit_mm_per_prompt` image N, video 0) and the
+    # engine reads images (`EngineInfo.reads_images`). Off by default because the tower does
+    # not fit the 23.6 GiB card beside the defaults' 16,384-token requests: its weights,
+    # encoder cache and encoder activations take about 2.06 GiB of the 3.19 GiB KV cache
+    # (`sizing.image_cost`, docs/vllm.md "Images"), and `check_images` refuses, by name,
+    # settings that leave too little. At most MAX_IMAGES (8), the request limit.
+    images_per_request: int = Field(default=0, ge=0, le=MAX_IMAGES)
     # Prompts arrive as token ids and outputs are not detokenized, so the engine's tokenizer
     # is only needed for the generation config's EOS; keep it unless startup time matters.
     skip_tokenizer_init: bool = False
@@ -218,6 +229,25 @@ class VllmSettings(BaseModel):
         if self.cache_dir is not None and not Path(self.cache_dir).is_absolute():
             raise ValueError(f"cache_dir must be an absolute path, got {self.cache_dir!r}")
         return self
+
+    @model_validator(mode="after")
+    def _images_need_the_tower(self) -> VllmSettings:
+        if (
+            self.images_per_request
+            and self.language_model_only
+            and "language_model_only" in self.model_fields_set
+        ):
+            raise ValueError(
+                f"images_per_request: {self.images_per_request} needs the vision tower, which "
+                "language_model_only true leaves out; unset language_model_only (or set "
+                "images_per_request 0)"
+            )
+        return self
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether an engine of these settings loads the vision tower and reads images."""
+        return self.images_per_request > 0
 
     @model_validator(mode="after")
     def _seqs_fit_the_path(self) -> VllmSettings:
