@@ -264,3 +264,40 @@ def test_vllm_expands_the_prompt_the_transformers_engine_reads(processor: Any, c
         np.testing.assert_allclose(pixels[:64], ours, atol=1e-6)
         np.testing.assert_array_equal(positions[:64], where)
         assert (positions[64:] == -1).all()
+
+
+def test_the_demo_tower_keeps_its_soft_tokens_in_vllm() -> None:
+    """vLLM's image path (gemma4_mm.py `_process_image_input`): the processor's 70 padded
+    patches through the tower, then `pooler(...)` and the rows its mask keeps. The read
+    path's model fixes transformers 5.20's unpooled mask so the 64 soft tokens are kept."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    import json
+
+    from transformers import AutoModel
+    from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig
+
+    from workers.engine.vllm_reads.model import fix_unpooled_tower
+
+    vision = json.loads((DEMO / "config.json").read_text())["vision_config"]
+    tower = AutoModel.from_config(
+        Gemma4VisionConfig(**{k: v for k, v in vision.items() if k != "model_type"})
+    )
+    hidden = torch.randn(1, 70, vision["hidden_size"])
+    _, where = image_patches(picture(0).image, 4, IMAGE_GRID)
+    positions = torch.cat([torch.from_numpy(where), torch.full((6, 2), -1)]).unsqueeze(0)
+    padding = (positions == -1).all(dim=-1)
+
+    def kept() -> int:
+        pooled, mask = tower.pooler(
+            hidden_states=hidden,
+            pixel_position_ids=positions,
+            padding_positions=padding,
+            output_length=70,
+        )
+        return int(pooled[mask].shape[0])
+
+    assert kept() == 6  # transformers 5.20: the padding rows
+    fix_unpooled_tower(tower)
+    fix_unpooled_tower(tower)  # once is enough
+    assert kept() == 64

@@ -46,11 +46,26 @@ WARMUP_PREFIX = "_warmup_"
 MAX_CACHED_LABEL_SETS = 64
 
 
+def fix_unpooled_tower(tower: Any) -> None:
+    """vLLM builds DiffusionGemma's vision tower as transformers' own module and keeps the
+    rows its pooler's mask marks (gemma4_mm.py, `_process_image_input`); transformers 5.20's
+    pooler returns its mask of PADDING rows when it does not pool (pooling_kernel_size 1,
+    the demo tower's), so an image would come out as its padding rows, not its 64 soft
+    tokens. The transformers engine's fix (`workers.engine.vision`) applies here too;
+    pooling towers (the full-size one) are left as they are."""
+    if tower is None or int(getattr(tower.config, "pooling_kernel_size", 1) or 1) != 1:
+        return
+    from workers.engine.vision import _fix_unpooled_mask
+
+    _fix_unpooled_mask(tower)
+
+
 class DgDiffusionGemma(dg.DiffusionGemmaForConditionalGeneration):
     """vLLM's DiffusionGemma, with the read path's unembedding."""
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        fix_unpooled_tower(getattr(self, "vision_tower", None))
         self.read_options = ReadPathOptions.from_additional_config(vllm_config.additional_config)
         self.defer_next = False
         self._deferred: torch.Tensor | None = None
