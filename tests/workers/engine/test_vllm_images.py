@@ -204,12 +204,11 @@ def test_the_layout_comes_from_the_config() -> None:
 
 
 @pytest.fixture(scope="module")
-def processor(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def model_config(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if os.environ.get("DGSTREAM_SKIP_VLLM") == "1":
         pytest.skip("DGSTREAM_SKIP_VLLM=1")
     pytest.importorskip("vllm")
     from vllm.config import ModelConfig
-    from vllm.multimodal import MULTIMODAL_REGISTRY
 
     model = write_processor_files(DEMO, tmp_path_factory.mktemp("vllm") / "demo")
     config = ModelConfig(
@@ -218,7 +217,41 @@ def processor(tmp_path_factory: pytest.TempPathFactory) -> Any:
         limit_mm_per_prompt={"image": 8, "video": 0},
         mm_processor_kwargs={"max_soft_tokens": sizing.MAX_SOFT_TOKENS},
     )
-    return MULTIMODAL_REGISTRY.create_processor(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def processor(model_config: Any) -> Any:
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    return MULTIMODAL_REGISTRY.create_processor(model_config)
+
+
+@pytest.mark.vllm
+def test_vllm_budgets_the_encoder_as_the_arithmetic_does(model_config: Any) -> None:
+    """vLLM's own encoder budget (`MultiModalBudget`, what its memory profile runs) at the
+    defaults' token budget and reads in flight: 70 soft tokens an image, an encoder cache of
+    4,096 tokens, 58 images in the profile, the counts `sizing.image_cost` uses."""
+    from types import SimpleNamespace
+
+    from vllm.config import SchedulerConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.encoder_budget import MultiModalBudget
+
+    settings = VllmSettings(images_per_request=8)
+    scheduler = SchedulerConfig(
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.reads_in_flight(),
+        max_model_len=model_config.max_model_len,
+        is_encoder_decoder=False,
+    )
+    config = SimpleNamespace(model_config=model_config, scheduler_config=scheduler)
+    budget = MultiModalBudget(config, MULTIMODAL_REGISTRY, enable_cache=False)
+    cost = sizing.image_cost(settings)
+    assert dict(budget.mm_max_toks_per_item) == {"image": sizing.MAX_SOFT_TOKENS}  # no video
+    assert budget.encoder_cache_size == settings.max_num_batched_tokens
+    assert dict(budget.mm_max_items_per_prompt) == {"image": 8}
+    assert budget.mm_max_items_per_batch["image"] == cost["profile_images"] == 58
 
 
 def expand(processor: Any, prompt: dict[str, Any]) -> Any:

@@ -122,8 +122,8 @@ def multimodal_prompt(read: Read, layout: ImageLayout, index: int = 0) -> dict[s
 # `boa_token`/`eoa_token` even with no audio (`validate_inputs`), so they are named too.
 def write_processor_files(model_dir: str | Path, out_dir: str | Path) -> Path:
     """A copy of `model_dir` with the processor files vLLM's multimodal path reads, for a
-    checkpoint that has none (the demo model); the image tokens named are the config's ids.
-    Returns `out_dir`."""
+    checkpoint that has none (the demo model); the image tokens named are the config's ids,
+    and the tower's config gets the default budget vLLM reads. Returns `out_dir`."""
     src, out = Path(model_dir), Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
@@ -132,6 +132,14 @@ def write_processor_files(model_dir: str | Path, out_dir: str | Path) -> Path:
     layout = ImageLayout.from_config(config)
     if layout is None:
         raise ValueError(f"{model_dir}: no vision tower in config.json")
+    # vLLM reads the tower's default budget unconditionally (gemma4_mm.py,
+    # `get_mm_max_tokens_per_item`), and transformers 5.20's Gemma4VisionConfig has no such
+    # field: Gemma 4's checkpoints write 280 (its processor's default image budget). The
+    # engine's `max_soft_tokens` 70 overrides it for every image.
+    vision = config["vision_config"]
+    if "default_output_length" not in vision:
+        vision["default_output_length"] = 280
+        (out / "config.json").write_text(json.dumps(config, indent=2))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(src))

@@ -290,6 +290,8 @@ def image_cost(settings: VllmSettings, config: dict[str, Any] | None = None) -> 
         "activation_gib": activation,
         "total_gib": total,
         "kv_blocks": total * gib / KV_BLOCK_BYTES,
+        "profile_images": items,
+        "chunk_images": chunk,
     }
 
 
