@@ -334,3 +334,86 @@ def test_the_demo_tower_keeps_its_soft_tokens_in_vllm() -> None:
     fix_unpooled_tower(tower)
     fix_unpooled_tower(tower)  # once is enough
     assert kept() == 64
+
+
+@pytest.mark.vllm
+def test_vllm_admits_a_read_with_images(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The request as vLLM admits it (`InputProcessor.process_inputs`, what AsyncLLM runs
+    on the renderer's thread: the diffusion params' checks, the multimodal processing) from
+    the engine's arguments with the tower on: the prompt expanded, each image's feature at
+    its block, named by its uuid (vLLM's encoder and prefix caches key on it)."""
+    if os.environ.get("DGSTREAM_SKIP_VLLM") == "1":
+        pytest.skip("DGSTREAM_SKIP_VLLM=1")
+    pytest.importorskip("vllm")
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from workers.engine.vllm.codec import build_sampling_params
+
+    model = write_processor_files(DEMO, tmp_path_factory.mktemp("admit") / "demo")
+    settings = VllmSettings(model=str(model), images_per_request=8, dtype="float32")
+    args = AsyncEngineArgs(**engine_args(settings))
+    model_config = args.create_model_config()
+    processor = InputProcessor(
+        VllmConfig(
+            model_config=model_config,
+            diffusion_config=args.create_diffusion_config(),
+            device_config=DeviceConfig(device="cpu"),
+        )
+    )
+    layout = ImageLayout.from_config(model_config.hf_config)
+    assert layout == LAYOUT
+    same = picture(3)
+    r = a_read(same, picture(4, (90, 20)), same)
+    request = processor.process_inputs(
+        "r",
+        build_prompt(r, layout, most_images=8),
+        build_sampling_params(r, settings),
+        ("generate",),
+    )
+    assert list(request.prompt_token_ids) == LAYOUT.expanded(r)
+    features = request.mm_features
+    assert [f.identifier for f in features] == [LAYOUT.uuid(im) for im in r.images]
+    assert [(f.mm_position.offset, f.mm_position.length) for f in features] == [
+        (4, 66),
+        (70, 66),
+        (136, 66),
+    ]
+
+
+class _Recording:
+    """A stand-in for AsyncLLM that records each prompt it is given and refuses it."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.prompts: list[Any] = []
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+        self.prompts.append(prompt)
+        raise ValueError("recorded")
+        yield  # an async generator, as AsyncLLM.generate is
+
+
+def test_the_engine_sends_images_and_refuses_what_it_cannot_read() -> None:
+    pytest.importorskip("vllm")
+    import asyncio
+
+    from workers.engine.vllm.engine import VllmEngine
+
+    assert not VllmEngine(VllmSettings()).info.reads_images  # IMAGES_NOT_READ stays
+    engine = VllmEngine(VllmSettings(images_per_request=2))
+    assert engine.info.reads_images
+    stand_in = _Recording()
+    engine._engine, engine.image_layout = stand_in, LAYOUT  # no GPU: no AsyncLLM
+    batch = [a_read(), a_read(picture(1)), a_read(picture(1), picture(2), picture(3))]
+    with pytest.raises(ReadRejected) as err:
+        asyncio.run(engine.read(batch))
+    assert "images_per_request (2)" in err.value.rejected[2]
+    text, image = sorted(stand_in.prompts, key=lambda p: "multi_modal_data" in p)
+    assert text == {"type": "token", "prompt_token_ids": list(batch[0].prompt_ids)}
+    assert image["prompt_token_ids"].count(IMAGE) == 1
+    # Started on a model without a tower: nothing to read images with.
+    engine.image_layout = None
+    assert not engine.info.reads_images
