@@ -11,7 +11,7 @@ records.
 """
 
 from schemas._version import SCHEMA_VERSION
-from schemas.audit import Audit, digest
+from schemas.audit import Audit, AuditImage, digest
 from schemas.cloudevents import EventRef
 from schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
 from schemas.errors import ErrorCode, RequestError, RequestRejected
@@ -57,6 +57,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Answer",
     "Audit",
+    "AuditImage",
     "ChoiceAnswer",
     "ChoiceQuestion",
     "ClassificationRequest",

@@ -14,7 +14,9 @@ no spaces) so that two workers given the same inputs write the same value:
 - `route`, `route_rule`, `routes_hash`: the route that matched (its name and condition) and
   a hash of the pipeline's whole route list; `route_acted` is false in a shadow deployment,
   which records the route but sends every result to its own topic;
-- `calibration`: the hash of the calibration file applied before the routes, or null.
+- `calibration`: the hash of the calibration file applied before the routes, or null;
+- `images` (only in the results of requests that carry images): each image the engine read,
+  in request order, by the SHA-256 of its bytes and where they came from (`AuditImage`).
 
 `digest` is the one hash function all of these use.
 """
@@ -29,7 +31,7 @@ from pydantic import Field
 
 from schemas._common import WireModel
 
-__all__ = ["Audit", "canonical_json", "digest"]
+__all__ = ["Audit", "AuditImage", "canonical_json", "digest"]
 
 # 128 bits of SHA-256: far beyond any collision an audit trail could meet, at half the text.
 _DIGEST_HEX = 32
@@ -47,6 +49,24 @@ def digest(value: Any) -> str:
     are hashed as they are)."""
     data = value if isinstance(value, bytes) else canonical_json(value).encode("utf-8")
     return "sha256:" + hashlib.sha256(data).hexdigest()[:_DIGEST_HEX]
+
+
+class AuditImage(WireModel):
+    """One image a result was read from: what its bytes were and where they came from."""
+
+    field: str = Field(
+        description='The request field that held it: "images.0", "input.1.image_url.url", '
+        '"assets.<placeholder>".'
+    )
+    sha256: str = Field(description="SHA-256 (hex) of the image's bytes as received.")
+    source: Literal["inline", "url"] = Field(
+        description='"inline": the bytes were in the record (a data URL, a Jev asset); '
+        '"url": fetched by the worker.'
+    )
+    url: str | None = Field(
+        description="Where a fetched image's bytes came from (after redirects), without "
+        "user info, query or fragment (a pre-signed URL's token lives there); null inline."
+    )
 
 
 class Audit(WireModel):
@@ -91,3 +111,11 @@ class Audit(WireModel):
     deployment: str
     worker: str
     dgstream_version: str
+    # Absent (not null) in a text-only request's result: those bytes stay what they were
+    # before images were read.
+    images: list[AuditImage] | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="The images the engine read with the text, in request order; absent "
+        "from the results of requests without images.",
+    )

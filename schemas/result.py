@@ -62,7 +62,11 @@ class Diagnostics(WireModel):
         default_factory=dict, description="Milliseconds, e.g. queue, engine, total."
     )
     input_tokens: int = Field(
-        default=0, ge=0, description="Prompt tokens, summed over this request's reads."
+        default=0,
+        ge=0,
+        description="Prompt tokens, summed over this request's reads: the text's, and those "
+        "the engine lays for each image it reads (66 an image on the transformers and vLLM "
+        "engines).",
     )
     output_tokens: int = Field(
         default=0,

@@ -85,13 +85,15 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     settings = EngineSettings(backend=args.backend, model=args.model, device=args.device)
     classifier = build_classifier(settings, worker="ask")
     # Images or request-level instructions the engine would not read: refused, as the
-    # worker refuses them (no fetching here: `ask` has no topology).
+    # worker refuses them (no fetching here: `ask` has no topology). Images it reads go to
+    # it with the request, as the worker hands them on (workers.classify).
     gate = InputGate(ImageSettings(), classifier.engine.info)
-    refused = asyncio.run(gate.refusals([parsed]))
-    if refused:
-        print(json.dumps({"error": refused[0].model_dump(mode="json")}, indent=2))
+    checked = asyncio.run(gate.check([parsed]))
+    if checked.refused:
+        print(json.dumps({"error": checked.refused[0].model_dump(mode="json")}, indent=2))
         return 2
-    (result,) = asyncio.run(classifier.classify([parsed]))
+    images = [checked.images[0]] if 0 in checked.images else None
+    (result,) = asyncio.run(classifier.classify([parsed], images))
     if not isinstance(result, ClassificationResult):
         print(json.dumps({"error": result.model_dump(mode="json")}, indent=2))
         return 2

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
-from schemas import Audit, ClassificationRequest, digest
+from schemas import Audit, AuditImage, ClassificationRequest, digest
 from schemas.audit import canonical_json
 from workers.engine.backends import get_backend
 from workers.engine.backends._base import content_hash
@@ -103,16 +103,24 @@ class Auditor:
         self._set_hashes = {name: _questions_hash(qs) for name, qs in question_sets.items()}
         self._made: dict[tuple[str | None, str, str], Audit] = {}
 
-    def audit(self, request: ClassificationRequest, route: str) -> Audit:
+    def audit(
+        self, request: ClassificationRequest, route: str, images: Sequence[AuditImage] = ()
+    ) -> Audit:
         """The audit of `request`'s result, sent by `route` (a route's name, "default" or
-        "reply")."""
+        "reply"); `images`: those it was read with, in request order (none: text only)."""
+        made = self._shared(request, route)
+        # Images differ from request to request: added to a copy, never to the kept audit.
+        return made.model_copy(update={"images": list(images)}) if images else made
+
+    def _shared(self, request: ClassificationRequest, route: str) -> Audit:
         name = request.question_set
         if name is not None and name in self._set_hashes:
             qhash = self._set_hashes[name]
         else:
             qhash = _questions_hash(request.questions or {})
         # An audit is frozen and depends on these three alone: one per combination, kept
-        # (bounded), instead of one pydantic model built per result.
+        # (bounded), instead of one pydantic model built per result. A field that differs
+        # from request to request beyond these must join the key, or be set on the copy.
         key = (name, qhash, route)
         made = self._made.get(key)
         if made is not None:

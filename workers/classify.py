@@ -17,7 +17,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import ClassificationRequest, ClassificationResult, ErrorCode, RequestError
+from schemas import (
+    AuditImage,
+    ClassificationRequest,
+    ClassificationResult,
+    ErrorCode,
+    RequestError,
+)
 from schemas import parse_request as _parse
 from workers.engine.classifier import Classifier
 from workers.engine.types import (
@@ -71,9 +77,16 @@ class BatchClassifier:
         self._answered = False  # some call of this batch went through
         # The images the gate checked, by the request object (splits keep the objects).
         self._images: dict[int, tuple[ReadImage, ...]] = {}
+        # What the results' audits name them by, kept past the batch (no pixels: small).
+        self._audits: dict[int, tuple[AuditImage, ...]] = {}
+
+    def images_of(self, request: ClassificationRequest) -> tuple[AuditImage, ...]:
+        """The images `request` was read with, as its result's audit names them (none for
+        a text-only request), from its batch's last `classify`."""
+        return self._audits.get(id(request), ())
 
     async def classify(self, requests: Sequence[ClassificationRequest]) -> list[Outcome]:
-        self.calls, self._answered = 0, False
+        self.calls, self._answered, self._audits = 0, False, {}
         try:
             return await self._classify(requests)
         finally:
@@ -88,6 +101,7 @@ class BatchClassifier:
         checked = await self._gate.check(requests)
         refused = checked.refused
         self._images = {id(requests[i]): images for i, images in checked.images.items()}
+        self._audits = {id(requests[i]): audits for i, audits in checked.audits.items()}
         if not refused:
             return await self._solve(requests, whole=True)
         rest = [r for i, r in enumerate(requests) if i not in refused]

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from schemas import Audit, ClassificationRequest, ClassificationResult
+from schemas import Audit, AuditImage, ClassificationRequest, ClassificationResult
 from schemas.cloudevents import DEAD_LETTER_TYPE, RESULT_TYPE, event_headers, input_event_id
 from workers.audit import Auditor, checkpoint_of
 from workers.batches import Batch, Entry
@@ -38,6 +38,9 @@ class RecordContext:
     index: int | None = None  # its place in the batch: its span's (None: none)
     trace: BatchTrace | None = None  # the batch's spans, while tracing is on
     event_id: str | None = None  # its output's `ce_id` (None: drawn when needed)
+    # The images its request was read with, as its audit names them (set once the gate
+    # checked them; none for a text-only request).
+    images: tuple[AuditImage, ...] = ()
 
     @property
     def request(self) -> ClassificationRequest | None:
@@ -150,7 +153,7 @@ class Decisions:
     def audit(self, ctx: RecordContext, route: str) -> Audit:
         """The audit of the record's result, sent by `route`."""
         assert ctx.request is not None
-        return self.auditor.audit(ctx.request, route)
+        return self.auditor.audit(ctx.request, route, ctx.images)
 
     def result_headers(
         self, ctx: RecordContext, result: ClassificationResult

@@ -14,6 +14,18 @@ any category flagged (`flagged_by: thresholds`) or the result taken by a route
 OpenAI's thirteen categories are always present, because the SDK's models require each: one
 no question maps to is not flagged, scores 0 and applies to no input type (`[]`): it was not
 asked. A category of a name of its own is added beside them.
+
+`category_applied_input_types` says, per category, which of the request's inputs its score
+applies to, as omni-moderation writes it: a list of "text" and/or "image" (OpenAI's API
+reference, https://platform.openai.com/docs/api-reference/moderations/object, and the
+`openai` SDK's `types.moderation.CategoryAppliedInputTypes`). A category answered on a
+request whose images the engine read applies to ["text", "image"] (the one step read both),
+on a text-only request to ["text"]. Except OpenAI's text-only categories (`TEXT_ONLY`:
+harassment, hate, illicit and their subcategories, sexual/minors): omni-moderation scores
+them from text alone and the SDK types their list as "text" only, so "image" there would make
+`ModerationCreateResponse.model_validate` refuse the whole response; they say ["text"]. Which
+images a result was read with is its audit's `images` (a pipeline always audits; a result
+without an audit applies to text only).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from schemas.result import ClassificationResult, YesNoAnswer
 
 __all__ = [
     "OPENAI_CATEGORIES",
+    "TEXT_ONLY",
     "ModerationOptions",
     "ModerationResponse",
     "ModerationResult",
@@ -54,6 +67,20 @@ OPENAI_CATEGORIES: tuple[str, ...] = (
     "violence",
     "violence/graphic",
 )
+# OpenAI's categories that omni-moderation scores from text only, whose applied input types
+# the openai SDK types as `List[Literal["text"]]` (its `CategoryAppliedInputTypes`).
+TEXT_ONLY: frozenset[str] = frozenset(
+    {
+        "harassment",
+        "harassment/threatening",
+        "hate",
+        "hate/threatening",
+        "illicit",
+        "illicit/violent",
+        "sexual/minors",
+    }
+)
+InputType = Literal["text", "image"]
 # Routes that do not flag: the results no route took, and those sent to a reply topic.
 _NOT_A_ROUTE = ("default", "reply")
 
@@ -93,7 +120,11 @@ class ModerationResult(WireModel):
     flagged: bool
     categories: dict[str, bool]
     category_scores: dict[str, float]
-    category_applied_input_types: dict[str, list[Literal["text"]]]
+    category_applied_input_types: dict[str, list[InputType]] = Field(
+        description='Category -> the inputs its score applies to: ["text"], ["text", "image"] '
+        "(the request's images were read; not for OpenAI's text-only categories), or [] "
+        "(not asked)."
+    )
 
 
 class ModerationResponse(WireModel):
@@ -116,6 +147,11 @@ def _scores(result: ClassificationResult, options: ModerationOptions) -> dict[st
     return out
 
 
+def _read_images(result: ClassificationResult) -> bool:
+    """Whether the result was read with images (its audit names them)."""
+    return result.audit is not None and bool(result.audit.images)
+
+
 def to_moderation(
     result: ClassificationResult, options: ModerationOptions | None = None
 ) -> ModerationResponse:
@@ -126,13 +162,17 @@ def to_moderation(
     names = [*OPENAI_CATEGORIES, *(c for c in scores if c not in OPENAI_CATEGORIES)]
     categories: dict[str, bool] = {}
     category_scores: dict[str, float] = {}
-    applied: dict[str, list[Literal["text"]]] = {}
+    applied: dict[str, list[InputType]] = {}
+    read: list[InputType] = ["text", "image"] if _read_images(result) else ["text"]
     for name in names:
         score = scores.get(name)
         limit = opts.thresholds.get(name, opts.threshold)
         categories[name] = score is not None and score >= limit
         category_scores[name] = 0.0 if score is None else score
-        applied[name] = [] if score is None else ["text"]
+        if score is None:
+            applied[name] = []
+        else:
+            applied[name] = ["text"] if name in TEXT_ONLY else list(read)
     if opts.flagged_by == "thresholds":
         flagged = any(categories.values())
     else:

@@ -204,6 +204,7 @@ class Classifier:
     async def _run(self, chunks: Sequence[tuple[_Job, _Chunk]], *, first_round: bool) -> None:
         reads: list[Read] = []
         owners: list[_Chunk] = []
+        image_tokens = self.engine.info.image_tokens
         for job, chunk in chunks:
             have = len(chunk.reads)
             want = self._n_reads(job) if first_round else self._auto_max(job)
@@ -222,7 +223,8 @@ class Classifier:
                 reads.append(read)
                 owners.append(chunk)
                 job.reads += 1
-                job.input_tokens += len(read.prompt_ids)
+                # The text prompt, and the tokens the engine lays for the images it reads.
+                job.input_tokens += len(read.prompt_ids) + len(read.images) * image_tokens
                 job.output_tokens += len(read.canvas_ids)
         if not reads:
             return

@@ -104,6 +104,7 @@ class TransformersEngine:
             vocab_size=int(self.text_config.vocab_size),
             device=str(self.device),
             reads_images=self._vision is not None,
+            image_tokens=0 if self._vision is None else len(self._vision.block),
         )
         self.stats: dict[str, int] = defaultdict(int)
         # No `torch.set_grad_enabled(False)` here: it would switch autograd off for the

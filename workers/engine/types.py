@@ -90,6 +90,10 @@ class EngineInfo:
     # answer it from its text alone. The transformers engine sets it when its model has a
     # vision tower; the fake engine and vLLM (for now) do not.
     reads_images: bool = False
+    # Prompt tokens a read lays for each of its images (the transformers engine's `<boi>`,
+    # 64 image tokens, `<eoi>`: 66), which `diagnostics.input_tokens` adds to the text's;
+    # 0 where the engine reads none or does not say.
+    image_tokens: int = 0
 
 
 class EngineError(Exception):

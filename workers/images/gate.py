@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
+from schemas.audit import AuditImage
 from schemas.errors import ErrorCode, RequestError
 from schemas.images import ImageRef, ImageSource
 from schemas.request import ClassificationRequest
@@ -26,7 +28,7 @@ from workers.images.decode import DecodedImage, ImageRefused, decode_image
 from workers.images.fetch import FetchRefused, fetch_image
 from workers.images.settings import ImageSettings
 
-__all__ = ["CheckedImage", "GateOutcome", "InputGate", "check_images"]
+__all__ = ["CheckedImage", "GateOutcome", "InputGate", "audit_url", "check_images"]
 
 # The fetch runs in a thread whose own deadline ends it; waiting this much longer than
 # the deadline for it covers a host name whose resolution hangs (getaddrinfo has no
@@ -58,14 +60,36 @@ class CheckedImage:
             "frames_read": "first of several" if d.animated else "the only one",
         }
 
+    def audit_image(self) -> AuditImage:
+        """What a result's audit block names it by (`schemas.AuditImage`)."""
+        url = None if self.url is None else audit_url(self.url)
+        return AuditImage(field=self.field, sha256=self.decoded.sha256, source=self.source, url=url)
+
+
+def audit_url(url: str) -> str:
+    """`url` as a result may carry it: scheme, host, port and path; no user info, query or
+    fragment. The query is where a pre-signed URL keeps its credential (S3's
+    X-Amz-Signature, GCS's X-Goog-Signature, an Azure SAS `sig`): echoed in every result it
+    would hand read access to anyone who reads the output topic, until it expires. User
+    info is refused when parsed; dropped here too in case a redirect brought one. The path
+    names the object, which with the SHA-256 is what an auditor needs to find it again."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme.lower(), netloc, parts.path, "", ""))
+
 
 @dataclass(frozen=True)
 class GateOutcome:
     """What the gate decided for a batch, by index in the batch: the refused requests, and
-    the images of the passed requests that carry some (for the engine, in request order)."""
+    the images of the passed requests that carry some (for the engine, in request order)
+    with what their results' audits name them by (`audits`, same indices and order)."""
 
     refused: dict[int, RequestError]
     images: dict[int, tuple[ReadImage, ...]]
+    audits: dict[int, tuple[AuditImage, ...]]
 
 
 async def check_images(
@@ -140,18 +164,20 @@ class InputGate:
         got = await asyncio.gather(*(self._check(requests[i]) for i in at))
         refused: dict[int, RequestError] = {}
         images: dict[int, tuple[ReadImage, ...]] = {}
+        audits: dict[int, tuple[AuditImage, ...]] = {}
         for i, item in zip(at, got, strict=True):
             if isinstance(item, RequestError):
                 refused[i] = item
             elif item:
-                images[i] = item
-        return GateOutcome(refused, images)
+                images[i] = tuple(r for r, _ in item)
+                audits[i] = tuple(a for _, a in item)
+        return GateOutcome(refused, images, audits)
 
     async def _check(
         self, request: ClassificationRequest
-    ) -> RequestError | tuple[ReadImage, ...] | None:
+    ) -> RequestError | tuple[tuple[ReadImage, AuditImage], ...] | None:
         refs = request.image_refs
-        read: tuple[ReadImage, ...] = ()
+        read: tuple[tuple[ReadImage, AuditImage], ...] = ()
         if refs:
             checked = await check_images(request, self.settings, keep=self.engine.reads_images)
             if isinstance(checked, RequestError):
@@ -160,7 +186,8 @@ class InputGate:
                 # The dead letter keeps 400 bytes of message: the reason first, then each
                 # image by the start of its SHA-256 (CheckedImage.audit has all of it).
                 named = "; ".join(
-                    f"{c.field} sha256:{c.decoded.sha256[:16]} {c.url or 'inline'}" for c in checked
+                    f"{c.field} sha256:{c.decoded.sha256[:16]} {c.audit_image().url or 'inline'}"
+                    for c in checked
                 )
                 return RequestError(
                     code=ErrorCode.IMAGES_NOT_READ,
@@ -169,7 +196,9 @@ class InputGate:
                     f"{len(checked)} valid: {named}",
                     field="images",
                 )
-            read = tuple(ReadImage(c.decoded.sha256, c.decoded.image) for c in checked)
+            read = tuple(
+                (ReadImage(c.decoded.sha256, c.decoded.image), c.audit_image()) for c in checked
+            )
         if request.instructions is not None:
             return RequestError(
                 code=ErrorCode.INSTRUCTIONS_NOT_READ,

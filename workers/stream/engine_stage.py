@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from workers.images import InputGate
 from workers.outputs import OutputBuilder
 from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
-__all__ = ["EngineStage"]
+__all__ = ["EngineStage", "with_images"]
 
 
 class EngineStage:
@@ -118,6 +119,9 @@ class EngineStage:
                 gate=InputGate(settings.images, self.classifier.engine.info),
             )
             outcomes = await step.classify(requests) if requests else []
+            # The images each request was read with, for its audit (text-only ones keep
+            # their context as it is).
+            ctxs = [with_images(c, step) for c in ctxs]
         finally:
             s.classified += 1  # answered or failed: the engine is free (`Shared.engine_idle`)
             if batch.trace is not None:
@@ -152,6 +156,12 @@ class EngineStage:
         thread.join(CLOSE_TIMEOUT_S)
         if not thread.is_alive():
             loop.close()
+
+
+def with_images(ctx: RecordContext, step: BatchClassifier) -> RecordContext:
+    """`ctx` with the images its request was read with (the same context when none)."""
+    images = step.images_of(ctx.request) if ctx.request is not None else ()
+    return dataclasses.replace(ctx, images=images) if images else ctx
 
 
 def _trace_ids(ctxs: list[RecordContext]) -> dict[str, str]:

@@ -406,7 +406,10 @@ def test_the_engine_sends_images_and_refuses_what_it_cannot_read() -> None:
     engine = VllmEngine(VllmSettings(images_per_request=2))
     assert engine.info.reads_images
     stand_in = _Recording()
+    assert engine.info.image_tokens == 0  # not known before vLLM expands an image
     engine._engine, engine.image_layout = stand_in, LAYOUT  # no GPU: no AsyncLLM
+    # `<boi>`, 64 image tokens, `<eoi>`: what diagnostics.input_tokens counts per image.
+    assert engine.info.image_tokens == 66
     batch = [a_read(), a_read(picture(1)), a_read(picture(1), picture(2), picture(3))]
     with pytest.raises(ReadRejected) as err:
         asyncio.run(engine.read(batch))

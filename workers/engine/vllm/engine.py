@@ -66,6 +66,8 @@ class VllmEngine:
             # Before start: what the settings ask; after: whether the model has a tower.
             reads_images=self.settings.reads_images
             and (self._engine is None or self.image_layout is not None),
+            # What vLLM's processor expands each image token to (known once started).
+            image_tokens=0 if self.image_layout is None else self.image_layout.tokens_per_image,
         )
 
     def sibling(
