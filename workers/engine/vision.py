@@ -30,6 +30,9 @@ from PIL import Image
 
 from workers.engine.types import ReadImage
 
+# The read path inside vLLM imports only itself, so the fix both engines need lives there.
+from workers.engine.vllm_reads.tower import fix_unpooled_mask
+
 __all__ = ["IMAGE_GRID", "VisionInput", "image_patches"]
 
 # Soft tokens a side: 8 x 8 = 64 tokens an image. From the demo tower (patch 4, no pooling:
@@ -105,7 +108,7 @@ class VisionInput:
         table = int(getattr(vision, "position_embedding_size", out.side))
         if out.side > table:
             return None  # the tower cannot place that many patches a side
-        _fix_unpooled_mask(tower)
+        fix_unpooled_mask(tower)
         return out
 
     def image_positions(self, at: int, count: int) -> list[int]:
@@ -135,30 +138,3 @@ class VisionInput:
             if len(self._cache) > self._entries:
                 self._cache.popitem(last=False)
         return out
-
-
-def _fix_unpooled_mask(tower: Any) -> None:
-    """Make the tower keep its valid patches when it does not pool (pooling_kernel_size 1,
-    the demo's). transformers 5.20's `Gemma4VisionPooler` returns its mask of PADDING
-    patches when it leaves the length as is, and `Gemma4VisionModel` keeps the rows that
-    mask marks as if it marked the valid ones: an unpadded image comes out with no soft
-    tokens at all. The pooler (no weights) is wrapped on the instance; pooling towers are
-    left alone."""
-    pooler = tower.pooler
-    if getattr(pooler, "_dgstream_fixed", False):
-        return
-    inner = pooler.forward
-
-    def forward(
-        hidden_states: Any,
-        pixel_position_ids: Any,
-        padding_positions: Any,
-        output_length: int | None = None,
-    ) -> tuple[Any, Any]:
-        hidden, mask = inner(hidden_states, pixel_position_ids, padding_positions, output_length)
-        if output_length == hidden_states.shape[1]:  # not pooled: `mask` marks padding
-            mask = ~padding_positions
-        return hidden, mask
-
-    pooler.forward = forward
-    pooler._dgstream_fixed = True

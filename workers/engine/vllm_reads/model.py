@@ -51,13 +51,13 @@ def fix_unpooled_tower(tower: Any) -> None:
     rows its pooler's mask marks (gemma4_mm.py, `_process_image_input`); transformers 5.20's
     pooler returns its mask of PADDING rows when it does not pool (pooling_kernel_size 1,
     the demo tower's), so an image would come out as its padding rows, not its 64 soft
-    tokens. The transformers engine's fix (`workers.engine.vision`) applies here too;
+    tokens. The transformers engine's fix (`vllm_reads.tower`) applies here too;
     pooling towers (the full-size one) are left as they are."""
     if tower is None or int(getattr(tower.config, "pooling_kernel_size", 1) or 1) != 1:
         return
-    from workers.engine.vision import _fix_unpooled_mask
+    from workers.engine.vllm_reads.tower import fix_unpooled_mask
 
-    _fix_unpooled_mask(tower)
+    fix_unpooled_mask(tower)
 
 
 class DgDiffusionGemma(dg.DiffusionGemmaForConditionalGeneration):
