@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas._common import WireModel, fail, has_control
+from schemas._common import WireModel, fail
 from schemas.content import Content
 from schemas.errors import ErrorCode
 from schemas.kinds import register
@@ -22,8 +22,7 @@ from schemas.kinds._base import (
     clean,
     heading,
 )
-from schemas.kinds._labels import COMPARED, LABEL_RULES, PLAIN, alike
-from schemas.names import label_defect, label_key
+from schemas.kinds._labels import LABEL_RULES, check_names
 
 MAX_OPTION_CHARS = 64
 # One read carries one single-token label per option, A..Z (vLLM 0.33's decision reader caps
@@ -61,28 +60,13 @@ class ChoiceQuestion(QuestionBase):
     @field_validator("criteria")
     @classmethod
     def _check_options(cls, value: dict[str, str | None]) -> dict[str, str | None]:
-        seen: dict[str, str] = {}
-        for name in value:
-            stripped = name.strip()
-            if not stripped or len(name) > MAX_OPTION_CHARS or has_control(name):
-                raise fail(
-                    ErrorCode.INVALID_OPTION_NAME,
-                    f"option name {name!r} must be 1..{MAX_OPTION_CHARS} characters, not blank, "
-                    "without control characters",
-                )
-            defect = label_defect(name)
-            if defect is not None:
-                raise fail(
-                    ErrorCode.INVALID_OPTION_NAME,
-                    f"option name {name!r} holds {defect}: {PLAIN}",
-                )
-            key = label_key(name)
-            if key in seen:
-                raise fail(
-                    ErrorCode.DUPLICATE_OPTION,
-                    f"option {alike(name, seen[key])} ({COMPARED})",
-                )
-            seen[key] = name
+        check_names(
+            value,
+            noun="option",
+            invalid=ErrorCode.INVALID_OPTION_NAME,
+            duplicate=ErrorCode.DUPLICATE_OPTION,
+            max_chars=MAX_OPTION_CHARS,
+        )
         return value
 
     @property

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas._common import WireModel, fail, has_control
+from schemas._common import WireModel
 from schemas.content import NULL_LEVEL_NAME, Content
 from schemas.errors import ErrorCode
 from schemas.kinds import register
@@ -23,9 +23,8 @@ from schemas.kinds._base import (
     clean,
     heading,
 )
-from schemas.kinds._labels import COMPARED, LABEL_RULES, PLAIN, alike
+from schemas.kinds._labels import LABEL_RULES, check_names
 from schemas.kinds.choice import LETTERS
-from schemas.names import label_defect, label_key
 
 MIN_LEVELS, MAX_LEVELS = 2, 10
 # Slack for sums of float probabilities (an expected score a hair past the top level, or
@@ -55,29 +54,13 @@ class ScoreQuestion(QuestionBase):
     @field_validator("criteria")
     @classmethod
     def _check_levels(cls, value: list[str | None]) -> list[str | None]:
-        seen: dict[str, str] = {}
-        names = level_names(value)
-        for level in names:
-            stripped = level.strip()
-            if not stripped or has_control(level):
-                raise fail(
-                    ErrorCode.INVALID_LEVEL_NAME,
-                    f"level name {level!r} must not be blank or hold control characters",
-                )
-            defect = label_defect(level)
-            if defect is not None:
-                raise fail(
-                    ErrorCode.INVALID_LEVEL_NAME,
-                    f"level name {level!r} holds {defect}: {PLAIN}",
-                )
-            key = label_key(level)
-            if key in seen:
-                null = " (a null level is named by its 0-based position)" if None in value else ""
-                raise fail(
-                    ErrorCode.DUPLICATE_LEVEL,
-                    f"level {alike(level, seen[key])} ({COMPARED}){null}",
-                )
-            seen[key] = level
+        check_names(
+            level_names(value),
+            noun="level",
+            invalid=ErrorCode.INVALID_LEVEL_NAME,
+            duplicate=ErrorCode.DUPLICATE_LEVEL,
+            repeat_note=" (a null level is named by its 0-based position)" if None in value else "",
+        )
         return value
 
     @property
