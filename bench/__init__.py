@@ -1,5 +1,7 @@
 """Benchmarks: scripts that print figures and write them to docs/benchmarks.md (`bench/*.py`),
-and their harnesses as library code (`bench/harness/`), which the tests import too.
+and their harnesses as library code (`bench/harness/`), which the tests import too; and the
+demo model's training (`bench/training/`, library code as well; `bench/train_demo_model.py`
+is its command). None of it ships: the wheel holds the product's packages only.
 
 A script runs as a file from the repository root (`python bench/x.py`): its first lines put
 the repository on the import path (the root, never tests/), then it imports `bench.harness`

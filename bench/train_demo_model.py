@@ -49,8 +49,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from topology.demo_tasks.training.loop import main as _main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+from bench.training.loop import main as _main
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,12 +10,15 @@ from the files, and none crosses a line the architecture draws.
   counting imports for typing only (the sampler takes a protocol of the model state);
 - the worker (`workers/`) imports neither `topology/` nor `bench/`;
 - `infra/` imports neither `topology/` nor `bench/`;
-- nothing the product ships imports `bench/` or `tests/`;
-- benchmarks are a package: the scripts (`bench/*.py`) and their harness (`bench/harness/`)
-  import the product and `bench`, never `tests/` (neither `tests/support/` nor the helpers
-  beside it), with no `sys.path` edit to reach them; tests may import the harness
-  (`bench.harness`), never a script; the harness imports no script. Until they move,
-  `bench/gpu/` and the named imports of `_BENCH_REACHES_TESTS` are the exceptions;
+- nothing the product ships imports `bench/` or `tests/`, and the wheel's packages leave
+  `bench/` out (the demo model's training, `bench/training/`, included);
+- benchmarks are a package: the scripts (`bench/*.py`) and their library code (the harness,
+  `bench/harness/`, and the demo model's training, `bench/training/`) import the product
+  and `bench`, never `tests/` (neither `tests/support/` nor the helpers beside it), with no
+  `sys.path` edit to reach them; tests may import the library code (`bench.harness`,
+  `bench.training`), never a script; the library code imports no script, and the training
+  nothing first-party but the product and itself. Until they move, `bench/gpu/` and the
+  named imports of `_BENCH_REACHES_TESTS` are the exceptions;
 - no import circle inside `workers/` (through function-level imports and packages' __init__
   too), and the stream worker's roles (`workers/stream/`) import none of each other: only
   the consume loop and the facade (`workers/worker.py`) know them all.
@@ -24,6 +27,8 @@ from the files, and none crosses a line the architecture draws.
 from __future__ import annotations
 
 import ast
+import fnmatch
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -96,6 +101,13 @@ def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
 # What may still reach tests/ from bench/: nothing (the GPU scripts' harness moved too).
 _BENCH_REACHES_TESTS: dict[str, set[str]] = {}
 
+# bench/'s library code: what the scripts and the tests import, which imports no script.
+_BENCH_LIBRARIES = ("bench.harness", "bench.training")
+
+
+def _library(name: str) -> bool:
+    return any(_under(name, lib) for lib in _BENCH_LIBRARIES)
+
 
 def _test_helper_names() -> set[str]:
     """The top-level names a module of tests/ is imported by (pytest puts tests/ and each
@@ -111,8 +123,8 @@ def _test_helper_names() -> set[str]:
 
 
 def _bench_crossings(root: Path, helpers: set[str]) -> list[str]:
-    """bench/'s imports of tests/ (outside the exceptions), the harness's imports of the
-    scripts, and the tests' imports of a script."""
+    """bench/'s imports of tests/ (outside the exceptions), the library code's imports of
+    the scripts, and the tests' imports of a script."""
     crossings = []
     for path in sorted((root / "bench").rglob("*.py")):
         rel = str(path.relative_to(root))
@@ -125,9 +137,9 @@ def _bench_crossings(root: Path, helpers: set[str]) -> list[str]:
             if name.split(".")[0] in helpers:
                 crossings.append(f"{rel}: import {name} (tests/)")
             elif (
-                rel.startswith("bench/harness/")
+                _library(rel.removesuffix(".py").replace("/", "."))
                 and _under(name, "bench")
-                and not (_under(name, "bench.harness") or name == "bench")
+                and not (_library(name) or name == "bench")
             ):
                 crossings.append(f"{rel}: import {name} (a script)")
     for path in sorted((root / "tests").rglob("*.py")):
@@ -137,14 +149,14 @@ def _bench_crossings(root: Path, helpers: set[str]) -> list[str]:
         crossings += [
             f"{rel}: import {n} (a script)"
             for n in sorted(_imports(path))
-            if _under(n, "bench") and not _under(n, "bench.harness")
+            if _under(n, "bench") and not _library(n)
         ]
     return crossings
 
 
 def test_benchmarks_are_a_package() -> None:
-    """bench/ reaches nothing of tests/ (bench/gpu/ included), the harness no script, and
-    the tests only the harness."""
+    """bench/ reaches nothing of tests/ (bench/gpu/ included), the library code (harness,
+    training) no script, and the tests only the library code."""
     crossings = _bench_crossings(ROOT, _test_helper_names())
     assert not crossings, "\n".join(crossings)
     # The exceptions are real: each still imports what it is excused for.
@@ -156,26 +168,63 @@ def test_benchmarks_are_a_package() -> None:
 
 def test_the_bench_check_finds_a_crossing(tmp_path: Path) -> None:
     """The check is not vacuous: bench/ importing tests/support or a test helper, the
-    harness importing a script, and a test importing a script are each found."""
+    library code (harness, training) importing a script, and a test importing a script are
+    each found; a test importing the training is not."""
     (tmp_path / "bench" / "harness").mkdir(parents=True)
+    (tmp_path / "bench" / "training").mkdir()
     (tmp_path / "bench" / "gpu").mkdir()
     (tmp_path / "tests").mkdir()
     (tmp_path / "bench" / "x.py").write_text("def f():\n    from support.fault_matrix import m\n")
     (tmp_path / "bench" / "y.py").write_text("import kafka_fakes\nfrom bench.harness import z\n")
     (tmp_path / "bench" / "harness" / "z.py").write_text("from bench.report import figure\n")
+    (tmp_path / "bench" / "training" / "t.py").write_text(
+        "from bench.training.u import v\nfrom bench.train_demo_model import main\n"
+    )
     (tmp_path / "bench" / "gpu" / "w.py").write_text("from support.vllm_soak import SIZES\n")
-    (tmp_path / "tests" / "test_a.py").write_text("from bench.harness.z import q\nimport bench.x\n")
+    (tmp_path / "tests" / "test_a.py").write_text(
+        "from bench.harness.z import q\nfrom bench.training.t import r\nimport bench.x\n"
+    )
     assert _bench_crossings(tmp_path, {"support", "kafka_fakes"}) == [
         "bench/gpu/w.py: import support.vllm_soak (tests/)",
         "bench/harness/z.py: import bench.report (a script)",
+        "bench/training/t.py: import bench.train_demo_model (a script)",
         "bench/x.py: import support.fault_matrix (tests/)",
         "bench/y.py: import kafka_fakes (tests/)",
         "tests/test_a.py: import bench.x (a script)",
     ]
 
 
+def test_the_training_imports_only_the_product_and_itself() -> None:
+    """The demo model's training (`bench/training/`) reaches nothing first-party but the
+    shipped packages and its own modules: neither a script, the harness, nor tests/."""
+    first_party = {*PACKAGES, "bench", *_test_helper_names()}
+    crossings = []
+    for path in sorted((ROOT / "bench" / "training").rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        crossings += [
+            f"{path.relative_to(ROOT)}: import {n}"
+            for n in sorted(_imports(path))
+            if n.split(".")[0] in first_party
+            and not any(_under(n, p) for p in (*PACKAGES, "bench.training"))
+        ]
+    assert not crossings, "\n".join(crossings)
+    assert (ROOT / "bench" / "training" / "loop.py").is_file()  # not vacuous
+
+
+def test_the_wheel_leaves_bench_out() -> None:
+    """The wheel's packages (pyproject's `[tool.setuptools]` find patterns) are the
+    product's: neither bench/ nor the demo model's training (`bench.training`) matches."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {p.rstrip("*") for p in include} == set(PACKAGES)
+    for name in ("bench", "bench.training", "bench.training.loop", "bench.harness"):
+        assert not any(fnmatch.fnmatchcase(name, p) for p in include), name
+
+
 def test_the_product_never_imports_tests_or_bench() -> None:
-    """What the product ships imports neither tests/ (its helpers, tests/support) nor bench/."""
+    """What the product ships imports neither tests/ (its helpers, tests/support) nor bench/
+    (the demo model's training, `bench.training`, included)."""
     helpers = _test_helper_names()
     crossings = []
     for package in PACKAGES:

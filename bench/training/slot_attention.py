@@ -2,10 +2,10 @@
 decoder attention head at the slot (layer, head, token@position:weight), and the answer's
 probabilities. A probe for the choice pointer (docs/benchmarks.md, demo-model history).
 
-    python -m topology.demo_tasks.training.slot_attention          # a French state
-    python -m topology.demo_tasks.training.slot_attention \
+    python -m bench.training.slot_attention          # a French state
+    python -m bench.training.slot_attention \
         --state "Hello thanks you are good" --truth english
-    python -m topology.demo_tasks.training.slot_attention \
+    python -m bench.training.slot_attention \
         --model DIR --options italian,french,german,spanish
 """
 
@@ -15,10 +15,10 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from bench.training.attention_entropy import capture_attention
+from bench.training.model import to_tensors
+from bench.training.reads import collate, request_reads
 from topology import demo_tasks
-from topology.demo_tasks.training.attention_entropy import capture_attention
-from topology.demo_tasks.training.model import to_tensors
-from topology.demo_tasks.training.reads import collate, request_reads
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 

@@ -8,7 +8,7 @@ This is the measurement behind `python -m bench.train_demo_model --qk-norm-scale
 softmax is saturated and attention patterns barely learn; scaled by head_dim ** -0.25 they
 start near uniform (~4.5-5.3 nats), the usual 1/sqrt(d) regime.
 
-    python -m topology.demo_tasks.training.attention_entropy            # CPU, a few seconds
+    python -m bench.training.attention_entropy            # CPU, a few seconds
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from topology.demo_tasks.training.check import held_out_batch
-from topology.demo_tasks.training.model import (
+from bench.training.check import held_out_batch
+from bench.training.model import (
     DemoModel,
     forward_slots,
     scale_qk_norms,

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.training.model import DemoModel, forward_slots, to_tensors
+from bench.training.reads import collate, request_reads
 from topology import demo_tasks
-from topology.demo_tasks.training.model import DemoModel, forward_slots, to_tensors
-from topology.demo_tasks.training.reads import collate, request_reads
 from workers.engine.template import ChatFormat, LayoutCache, labels_and_answers
 from workers.engine.types import Read
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from topology.demo_tasks.training.check import engine_check, parity_check
-from topology.demo_tasks.training.data import MIX_FIELDS, Batches, GroupJob, mix_flags
-from topology.demo_tasks.training.model import (
+from bench.training.check import engine_check, parity_check
+from bench.training.data import MIX_FIELDS, Batches, GroupJob, mix_flags
+from bench.training.model import (
     capture_pointer,
     forward_slots,
     label_hits,
@@ -24,7 +24,7 @@ from topology.demo_tasks.training.model import (
     to_tensors,
     use_experts,
 )
-from topology.demo_tasks.training.questions import KINDS
+from bench.training.questions import KINDS
 from workers.engine.template import ChatFormat
 
 

@@ -8,14 +8,14 @@ import random
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from topology import demo_tasks
-from topology.demo_tasks.training.questions import (
+from bench.training.questions import (
     _aux_questions_only,
     with_category_question,
     with_mention_question,
     with_name_question,
 )
-from topology.demo_tasks.training.reads import PointerMarks, collate, request_reads
+from bench.training.reads import PointerMarks, collate, request_reads
+from topology import demo_tasks
 from workers.engine.template import ChatFormat, LayoutCache
 
 _W: dict[str, Any] = {}

@@ -8,8 +8,8 @@ The probe behind rounds 9-12 in docs/benchmarks.md: on r8a (the checkpoint at co
 6e7cedf) topic names led at topic choice slots after decoder layer 0 (0.89) while topic
 choice stood at 0.50, so the category was there and the lookup was missing.
 
-    python -m topology.demo_tasks.training.slot_lens       # the committed checkpoint, CPU, ~10 s
-    python -m topology.demo_tasks.training.slot_lens --model DIR --count 400
+    python -m bench.training.slot_lens       # the committed checkpoint, CPU, ~10 s
+    python -m bench.training.slot_lens --model DIR --count 400
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
+from bench.training.model import DemoModel, forward_slots, to_tensors
+from bench.training.questions import name_token, with_name_question
+from bench.training.reads import collate, request_reads
 from topology import demo_tasks
-from topology.demo_tasks.training.model import DemoModel, forward_slots, to_tensors
-from topology.demo_tasks.training.questions import name_token, with_name_question
-from topology.demo_tasks.training.reads import collate, request_reads
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 

@@ -15,33 +15,33 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.names import is_question_id
-from topology import demo_tasks
-from topology.demo_tasks.training.attention_entropy import layer_entropies
-from topology.demo_tasks.training.check import held_out_batch
-from topology.demo_tasks.training.data import (
+from bench.training.attention_entropy import layer_entropies
+from bench.training.check import held_out_batch
+from bench.training.data import (
     CHOICE_TASKS,
     GroupJob,
     _init_worker,
     _kept,
     make_group,
 )
-from topology.demo_tasks.training.loop import main
-from topology.demo_tasks.training.model import (
+from bench.training.loop import main
+from bench.training.model import (
     DemoModel,
     capture_pointer,
     forward_slots,
     pointer_loss,
     scale_qk_norms,
 )
-from topology.demo_tasks.training.questions import (
+from bench.training.questions import (
     KINDS,
     name_token,
     with_category_question,
     with_mention_question,
     with_name_question,
 )
-from topology.demo_tasks.training.reads import PointerMarks, pointer_targets, request_reads
+from bench.training.reads import PointerMarks, pointer_targets, request_reads
+from schemas.names import is_question_id
+from topology import demo_tasks
 from workers.engine import models
 from workers.engine.template import ChatFormat, LayoutCache
 
@@ -280,7 +280,7 @@ def test_slot_attention_probe_finds_the_pointer(language: str) -> None:
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    from topology.demo_tasks.training.slot_attention import probe_example, slot_attention
+    from bench.training.slot_attention import probe_example, slot_attention
 
     trained = str(models.TRAINED_DIRS["demo"])
     chat = ChatFormat(AutoTokenizer.from_pretrained(trained))
@@ -400,7 +400,7 @@ def test_slot_lens_sees_the_category_the_name_slots_answer(
     """The slot lens (`training.slot_lens`) on the committed checkpoint: at the last decoder
     layer the name slots' lens is their answer, so the true name leads for (nearly) all of
     them; every decoder layer is reported for each question type."""
-    from topology.demo_tasks.training.slot_lens import slot_lens
+    from bench.training.slot_lens import slot_lens
 
     chat, _ = chat_layouts
     examples = [

@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from bench.training.questions import _KIND_OF, KINDS, name_token
 from topology import demo_tasks
-from topology.demo_tasks.training.questions import _KIND_OF, KINDS, name_token
 from workers.engine.template import (
     ChatFormat,
     LayoutCache,
