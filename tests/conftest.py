@@ -22,7 +22,7 @@ import pytest
 
 # Every local Ray cluster a test starts (in this process or a subprocess) runs its workers
 # at normal priority; at Ray's default niceness (15) a worker on a busy 2-core CI machine
-# starved (see `topology.demo.LOCAL_WORKER_NICENESS`).
+# starved (see `topology.cli.demo.LOCAL_WORKER_NICENESS`).
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 if TYPE_CHECKING:

@@ -1,1 +1,2 @@
-"""Pipeline spec, autoscaler, controller and the `dgstream` command."""
+"""The control plane (pipeline spec, autoscaler, controller) and, in `topology.cli`, the
+`dgstream` command."""

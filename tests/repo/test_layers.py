@@ -10,6 +10,8 @@ from the files, and none crosses a line the architecture draws.
   counting imports for typing only (the sampler takes a protocol of the model state);
 - the worker (`workers/`) imports neither `topology/` nor `bench/`;
 - `infra/` imports neither `topology/` nor `bench/`;
+- the control plane (`topology/` outside `topology/cli/`: the spec, the controller, the
+  autoscaler, ...) does not import the command line (`topology/cli/`), even for typing;
 - nothing the product ships imports `bench/` or `tests/`, and the wheel's packages leave
   `bench/` out (the demo model's training, `bench/training/`, included);
 - benchmarks are a package: the scripts (`bench/*.py`) and their library code (the harness,
@@ -96,6 +98,49 @@ def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from topology.spec import x\n    import kafka.admin\n")
     assert _imports(f) == {"topology.spec", "kafka.admin"}
+
+
+def _control_plane_reaches_cli(root: Path) -> list[str]:
+    """The imports of the command line (`topology.cli`, `from topology import cli` too, and
+    imports for typing) by a module of `topology/` outside `topology/cli/`."""
+    crossings = []
+    for path in sorted((root / "topology").rglob("*.py")):
+        rel = path.relative_to(root)
+        if "__pycache__" in path.parts or rel.parts[:2] == ("topology", "cli"):
+            continue
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        crossings += [f"{rel}: import {n}" for n in sorted(names) if _under(n, "topology.cli")]
+    return crossings
+
+
+def test_the_control_plane_does_not_import_the_command_line() -> None:
+    """The spec, the controller, the autoscaler and the rest of `topology/` run without the
+    `dgstream` command: only `topology/cli/` imports it."""
+    crossings = _control_plane_reaches_cli(ROOT)
+    assert not crossings, "\n".join(crossings)
+
+
+def test_the_control_plane_check_finds_a_crossing(tmp_path: Path) -> None:
+    """The check is not vacuous: a function-level `from topology import cli` and an import
+    for typing are found; the command line importing itself is not a crossing."""
+    (tmp_path / "topology" / "cli").mkdir(parents=True)
+    (tmp_path / "topology" / "spec.py").write_text("def f():\n    from topology import cli\n")
+    (tmp_path / "topology" / "controller.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from topology.cli.commands import Refused\nfrom topology import clingy\n"
+    )
+    (tmp_path / "topology" / "cli" / "app.py").write_text("from topology.cli import commands\n")
+    assert _control_plane_reaches_cli(tmp_path) == [
+        "topology/controller.py: import topology.cli.commands",
+        "topology/controller.py: import topology.cli.commands.Refused",
+        "topology/spec.py: import topology.cli",
+    ]
 
 
 # What may still reach tests/ from bench/: nothing (the GPU scripts' harness moved too).

@@ -23,7 +23,7 @@ from cli_runner import run_cli
 from bench.harness.ray_cluster import pipeline_status, ray_cluster, running_controller, timeline
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from topology.cli import _failing_text
+from topology.cli.app import _failing_text
 from topology.controller import PipelineRunner, RestartLoops, _Replica
 from topology.spec import parse_topology
 from workers.actor import replica_prefix

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from topology.commands import Refused as _Refused
+from topology.cli.commands import Refused as _Refused
 
 if TYPE_CHECKING:
     from schemas import FallbackId
@@ -46,7 +46,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from topology.demo import main as demo_main
+    from topology.cli.demo import main as demo_main
 
     return demo_main(args.events, timeout_s=args.timeout)
 
@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--deployment", default=None, help="default: default")
         p.set_defaults(func=fn)
 
-    from topology import commands, decisions, skip_batch
+    from topology.cli import commands, decisions, skip_batch
 
     commands.register(sub)
     skip_batch.register(sub)

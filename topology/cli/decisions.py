@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.kinds import get_kind
-from topology.commands import Refused, add_kafka_arguments, kafka_connection
+from topology.cli.commands import Refused, add_kafka_arguments, kafka_connection
 
 __all__ = ["calibrate", "compare", "register"]
 
@@ -42,7 +42,7 @@ def _topic_values(
     """(key, value) of every record of `topics`, from the beginning to the end as of now."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from topology.commands import _records
+    from topology.cli.commands import _records
 
     consumer = KafkaConsumer(
         enable_auto_commit=False, isolation_level="read_committed", **conn.client_kwargs()
