@@ -12,8 +12,17 @@ mis-wired results (labels swapped; results shifted by one request) and must fail
 Writes the reliability diagram to docs/reliability.png and the "demo-model" section of
 docs/benchmarks.md.
 
+`--family images` runs the image family's held-out split instead
+(`topology.demo_tasks.held_out_image_examples`: pictures as data URLs, a quarter of the
+requests text only), each request's images checked by the worker's gate
+(`workers.images.gate.InputGate`) and handed to the classifier as a worker hands them; the
+check is the same bar on the IMAGE questions alone (the text questions of those requests
+are reported beside it). It writes docs/reliability-images.png and the "demo-model-images"
+section.
+
     python -m bench.eval_demo_model                       # 2000 requests, CPU
     python -m bench.eval_demo_model --miswire swap_labels  # the check on mis-wired results
+    python -m bench.eval_demo_model --family images       # the image family (docs/images.md)
 
 Exit status: 0 when the check passes on the real results and fails on both mis-wirings
 (with --miswire: 0 when the check FAILS on that mis-wiring, as it must).
@@ -35,6 +44,7 @@ from bench.harness.miswire import MISWIRINGS
 from topology import demo_tasks
 
 PLOT = ROOT / "docs" / "reliability.png"
+IMAGE_PLOT = ROOT / "docs" / "reliability-images.png"
 
 
 def classify_held_out(
@@ -44,12 +54,20 @@ def classify_held_out(
     device: str = "cpu",
     batch: int = 64,
     reuse_prefix: bool = False,
+    family: str = "text",
 ) -> tuple[list[demo_tasks.Example], list[Any], float]:
-    """The held-out examples, their results (wire dicts, in request order) and seconds."""
+    """The held-out examples, their results (wire dicts, in request order) and seconds.
+    `family` "images": the image family's split, the images through the worker's gate."""
     from schemas import RequestError
     from workers.engine.factory import EngineSettings, build_classifier
+    from workers.images.gate import InputGate
+    from workers.images.settings import ImageSettings
 
-    examples = demo_tasks.held_out_examples(split, count)
+    examples = (
+        demo_tasks.held_out_image_examples(split, count)
+        if family == "images"
+        else demo_tasks.held_out_examples(split, count)
+    )
     requests = [demo_tasks.validate(ex.request) for ex in examples]
     # Held-out requests each have their own question set (no prefix to share), so by
     # default whole prompts are batched; the reads are the same either way.
@@ -57,10 +75,24 @@ def classify_held_out(
         EngineSettings(model=model, device=device, reuse_prefix=reuse_prefix)
     )
 
+    gate = InputGate(ImageSettings(), classifier.engine.info)
+
     async def run() -> list[Any]:
         out: list[Any] = []
         for i in range(0, len(requests), batch):
-            out.extend(await classifier.classify(requests[i : i + batch]))
+            chunk = requests[i : i + batch]
+            if not any(r.image_refs for r in chunk):  # the text family's path, as before
+                out.extend(await classifier.classify(chunk))
+                continue
+            # As the worker does: refused requests get their error, the rest their images.
+            checked = await gate.check(chunk)
+            passed = [j for j in range(len(chunk)) if j not in checked.refused]
+            answered = await classifier.classify(
+                [chunk[j] for j in passed], images=[checked.images.get(j, ()) for j in passed]
+            )
+            by_index: dict[int, Any] = dict(checked.refused)
+            by_index.update(zip(passed, answered, strict=True))
+            out.extend(by_index[j] for j in range(len(chunk)))
         return out
 
     t0 = time.perf_counter()
@@ -209,11 +241,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--miswire", choices=sorted(MISWIRINGS))
     p.add_argument("--plot", default=str(PLOT))
     p.add_argument("--no-docs", action="store_true", help="write neither the plot nor the doc")
+    p.add_argument(
+        "--family",
+        choices=("text", "images"),
+        default="text",
+        help="the held-out split of the text family or of the image family",
+    )
     args = p.parse_args(argv)
 
     examples, results, seconds = classify_held_out(
-        args.model, args.count, args.split, args.device, reuse_prefix=args.reuse_prefix
+        args.model,
+        args.count,
+        args.split,
+        args.device,
+        reuse_prefix=args.reuse_prefix,
+        family=args.family,
     )
+    if args.family == "images":
+        return _images(args, examples, results, seconds)
     if args.miswire:
         bad = MISWIRINGS[args.miswire](results)
         report = demo_tasks.check(demo_tasks.score_results(examples, bad))
@@ -238,6 +283,77 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.plot} and the demo-model section of docs/benchmarks.md")
     ok = report.passed and not any(r.passed for r in miswired.values())
     return 0 if ok else 1
+
+
+def image_reports(
+    examples: Sequence[demo_tasks.Example], results: Sequence[Any]
+) -> tuple[demo_tasks.CheckReport, demo_tasks.CheckReport]:
+    """The check on the image questions alone, and on the text questions of the same
+    requests (the image family's bar, and what images do to the text figures)."""
+    reads = demo_tasks.score_results(examples, results)
+    image = [r for r in reads if r.task in demo_tasks.IMAGE_KIND_OF]
+    text = [r for r in reads if r.task not in demo_tasks.IMAGE_KIND_OF]
+    return demo_tasks.check(image), demo_tasks.check(text)
+
+
+def _images(
+    args: argparse.Namespace,
+    examples: Sequence[demo_tasks.Example],
+    results: Sequence[Any],
+    seconds: float,
+) -> int:
+    report, text = image_reports(examples, results)
+    print(f"image questions ({args.count} requests, {seconds:.1f}s): {report.summary()}")
+    print("per task: " + ", ".join(f"{t} {a:.3f}" for t, a in report.task_accuracy.items()))
+    print(f"text questions of the same requests: {text.summary()}")
+    if not args.no_docs:
+        from bench.report import write_section
+
+        path = Path(args.plot) if args.plot != str(PLOT) else IMAGE_PLOT
+        reliability_plot(report, path, f"demo model, image questions, held-out split {args.split}")
+        write_section("demo-model-images", _image_section(args, seconds, report, text, path.name))
+        print(f"wrote {path} and the demo-model-images section of docs/benchmarks.md")
+    return 0 if report.passed else 1
+
+
+def _image_section(
+    args: argparse.Namespace,
+    seconds: float,
+    report: demo_tasks.CheckReport,
+    text: demo_tasks.CheckReport,
+    plot: str,
+) -> str:
+    lines = [
+        "## Demo model: held-out image questions",
+        "",
+        f"Model `{args.model}` on the image family's held-out split {args.split} "
+        f"(`topology/demo_tasks/images.py`): {args.count} requests, pictures checked by the "
+        f"worker's image gate, then `Classifier` + `TransformersEngine` on {args.device} in "
+        f"{seconds:.1f} s. Command: `python -m bench.eval_demo_model --family images "
+        f"--count {args.count}`.",
+        "",
+        "| kind | image questions | accuracy | text questions | accuracy |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for kind, acc in report.accuracy.items():
+        lines.append(
+            f"| {kind} | {report.counts[kind]} | {acc:.4f} | {text.counts[kind]} | "
+            f"{text.accuracy[kind]:.4f} |"
+        )
+    lines += [
+        "",
+        f"Image questions: ECE **{report.ece:.4f}**; check (accuracy >= "
+        f"{demo_tasks.ACCURACY_FLOOR} per kind, ECE <= {demo_tasks.ECE_CEILING}): "
+        f"**{'PASS' if report.passed else 'FAIL'}**. Text questions of the same requests: "
+        f"ECE {text.ece:.4f}, {'PASS' if text.passed else 'FAIL'}.",
+        "",
+        "Per image question type: "
+        + ", ".join(f"{t} {a:.3f}" for t, a in report.task_accuracy.items())
+        + ".",
+        "",
+        f"![reliability diagram of the image questions]({plot})",
+    ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

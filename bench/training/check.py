@@ -10,17 +10,18 @@ from typing import Any
 import numpy as np
 
 from bench.training.model import DemoModel, forward_slots, to_tensors
-from bench.training.reads import collate, request_reads
+from bench.training.reads import collate, demo_vision, request_reads
 from topology import demo_tasks
 from workers.engine.template import ChatFormat, LayoutCache, labels_and_answers
 from workers.engine.types import Read
 
 
 def engine_check(
-    model_dir: Path, device: str, count: int, split: int, batch: int = 256
+    model_dir: Path, device: str, count: int, split: int, batch: int = 256, images: bool = False
 ) -> tuple[demo_tasks.CheckReport, dict[str, Any]]:
     """Held-out split `split` through `TransformersEngine` (the engine, without the
-    classifier's pydantic front): per-kind accuracy and ECE of the saved model."""
+    classifier's pydantic front): per-kind accuracy and ECE of the saved model. With
+    `images`: the image family's split, checked on its image questions alone."""
     from transformers import AutoTokenizer
 
     from workers.engine.hf_backend import TransformersEngine
@@ -32,7 +33,11 @@ def engine_check(
     )
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(model_dir)))
     layouts = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
-    examples = demo_tasks.held_out_examples(split, count)
+    examples = (
+        demo_tasks.held_out_image_examples(split, count)
+        if images
+        else demo_tasks.held_out_examples(split, count)
+    )
     reads, owners = [], []
     for ex in examples:
         for read, _, _ in request_reads(chat, layouts, ex, seed=0):
@@ -50,7 +55,7 @@ def engine_check(
             task = ex.tasks[slot.question_id].task
             scored.append(
                 demo_tasks.ScoredRead(
-                    demo_tasks.KIND_OF[task],
+                    {**demo_tasks.KIND_OF, **demo_tasks.IMAGE_KIND_OF}[task],
                     task,
                     answers[top] == ex.truth[slot.question_id],
                     float(sr.probs[top]),
@@ -58,6 +63,8 @@ def engine_check(
             )
             if sr.label_mass is not None:
                 masses.append(sr.label_mass)
+    if images:
+        scored = [r for r in scored if r.task in demo_tasks.IMAGE_KIND_OF]
     report = demo_tasks.check(scored)
     extra = {
         "reads": len(reads),
@@ -70,25 +77,34 @@ def engine_check(
 
 
 def held_out_batch(
-    chat: ChatFormat, layouts: LayoutCache, split: int, count: int
+    chat: ChatFormat, layouts: LayoutCache, split: int, count: int, images: bool = False
 ) -> tuple[list[tuple[Read, list[int], list[str]]], dict[str, Any]]:
     """The reads of `count` held-out requests of `split` (noise seed base 0) and their
-    batch as CPU tensors."""
+    batch as CPU tensors; with `images`, the image family's requests of those seeds."""
     items = []
-    for ex in demo_tasks.held_out_examples(split, count):
+    examples: list[demo_tasks.Example] = (
+        [demo_tasks.image_example(s) for s in demo_tasks.held_out_seeds(split, count)]
+        if images
+        else demo_tasks.held_out_examples(split, count)
+    )
+    for ex in examples:
         items.extend(request_reads(chat, layouts, ex, seed=0))
-    return items, to_tensors(collate(items, chat.pad_id), "cpu")
+    vision = demo_vision() if images else None
+    return items, to_tensors(collate(items, chat.pad_id, vision=vision), "cpu")
 
 
-def parity_check(model: Any, chat: ChatFormat, model_dir: Path, n: int = 6) -> float:
+def parity_check(
+    model: Any, chat: ChatFormat, model_dir: Path, n: int = 6, images: bool = False
+) -> float:
     """Max |p_train - p_engine| over the label distributions of `n` held-out requests:
-    the training forward (batched, padded) against `TransformersEngine` on the saved file."""
+    the training forward (batched, padded) against `TransformersEngine` on the saved file;
+    with `images`, image requests (the tower's soft tokens in both)."""
     import torch
 
     from workers.engine.hf_backend import TransformersEngine
 
     layouts = LayoutCache(chat.encode, chat.eot_id, model.config.canvas_length)
-    items, t = held_out_batch(chat, layouts, split=7, count=n)
+    items, t = held_out_batch(chat, layouts, split=7, count=n, images=images)
     ref = DemoModel.load(model_dir)
     with torch.inference_mode():
         logits = forward_slots(ref, t)

@@ -14,7 +14,7 @@ from bench.training.questions import (
     with_mention_question,
     with_name_question,
 )
-from bench.training.reads import PointerMarks, collate, request_reads
+from bench.training.reads import PointerMarks, collate, demo_vision, request_reads
 from topology import demo_tasks
 from workers.engine.template import ChatFormat, LayoutCache
 
@@ -46,6 +46,14 @@ def _kept(ex: demo_tasks.Example, s: int, keep_other: float) -> bool:
     return random.Random(f"keep/{s}").random() < keep_other
 
 
+def _with_image(s: int, job: GroupJob) -> bool:
+    """Whether request seed `s` is read as its image request (`--image-share`; never with
+    `--aux-only`, which keeps training-only questions alone), by the seed alone."""
+    if job.image_share <= 0 or job.aux_only:
+        return False
+    return random.Random(f"image-share/{s}").random() < job.image_share
+
+
 class GroupJob(NamedTuple):
     """One unit of work for a data process (picklable for the spawn pool)."""
 
@@ -58,6 +66,7 @@ class GroupJob(NamedTuple):
     name_share: float = 0.0  # --name-share
     mention_share: float = 0.0  # --mention-share
     aux_only: bool = False  # --aux-only
+    image_share: float = 0.0  # --image-share
 
 
 # The training mix: GroupJob's fields after `group`, each a command-line flag of its own name.
@@ -81,7 +90,10 @@ def make_group(job: GroupJob) -> list[dict[str, Any]]:
     reads sorted by prompt length and cut into `group` batches of `size` requests' reads
     (less padding), in an order shuffled by the group's own seed. The mix (`MIX_FIELDS`):
     `keep_other` < 1 keeps only that share of the requests without a choice question; the
-    `*_share` fields add training-only questions; `aux_only` keeps only those."""
+    `*_share` fields add training-only questions; `aux_only` keeps only those;
+    `image_share` makes that share of the requests (by request seed) the image family's
+    request of the same seed (`demo_tasks.image_example`: the seed's state and some of its
+    questions, a picture and questions about it), which get no training-only question."""
     chat, layouts = _W["chat"], _W["layouts"]
     want = job.size * job.group
     sparse = job.keep_other < 1.0 or job.aux_only  # some drawn requests are left out
@@ -91,11 +103,14 @@ def make_group(job: GroupJob) -> list[dict[str, Any]]:
         ex = demo_tasks.example(s)
         if not _kept(ex, s, job.keep_other):
             continue
-        if job.mention_share > 0:  # first: it changes the state the others read
+        if _with_image(s, job):
+            ex = demo_tasks.image_example(s)
+            _W.setdefault("vision", demo_vision())
+        elif job.mention_share > 0:  # first: it changes the state the others read
             ex = with_mention_question(ex, s, job.mention_share)
-        if job.category_share > 0:
+        if job.category_share > 0 and not isinstance(ex, demo_tasks.ImageExample):
             ex = with_category_question(ex, s, job.category_share)
-        if job.name_share > 0:
+        if job.name_share > 0 and not isinstance(ex, demo_tasks.ImageExample):
             ex = with_name_question(ex, s, job.name_share)
         if job.aux_only:
             ex = _aux_questions_only(ex)
@@ -114,6 +129,7 @@ def make_group(job: GroupJob) -> list[dict[str, Any]]:
             [item for reads in per_request[i : i + job.size] for item in reads],
             chat.pad_id,
             _W["marks"],
+            _W.get("vision"),
         )
         for i in range(0, len(per_request), job.size)
     ]

@@ -24,7 +24,7 @@ from bench.training.model import (
     to_tensors,
     use_experts,
 )
-from bench.training.questions import KINDS
+from bench.training.questions import IMAGE_KINDS, KINDS
 from workers.engine.template import ChatFormat
 
 
@@ -70,12 +70,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         worst = parity_check(model.float(), chat, out)
         log["parity_max_abs_diff"] = worst
         print(f"parity, training forward vs TransformersEngine: max |dp| = {worst:.2e}")
+        if args.image_share > 0:
+            with_images = parity_check(model.float(), chat, out, images=True)
+            log["parity_images_max_abs_diff"] = with_images
+            print(f"parity with images: max |dp| = {with_images:.2e}")
+            worst = max(worst, with_images)
         if worst > 1e-4:
             raise SystemExit("the training forward does not match the engine")
 
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     if args.eval_count:
         log["held_out"] = _held_out(out, device, args.eval_count)
+        if args.image_share > 0:
+            log["held_out_images"] = _held_out(out, device, args.eval_count, images=True)
     log["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     print(f"wall {log['wall_seconds']}s", flush=True)
@@ -239,6 +246,8 @@ class _Run:
         acc = {}
         for k, kind in enumerate(KINDS):
             h = torch.stack(self.window_hits[k]).sum(0)
+            if kind in IMAGE_KINDS and not self.args.image_share:
+                continue  # a text-only run logs what it always did
             acc[kind] = round(float(h[0]) / max(1, float(h[1])), 4)
         elapsed = time.perf_counter() - self.t_train
         self.log["loss"].append([self.step, round(mean_loss, 5)])
@@ -323,15 +332,16 @@ def _replay(args: argparse.Namespace, step: int, warmup: int, mix: dict[str, Any
     return flags + (f" --init {args.init}" if args.init else "")
 
 
-def _held_out(out: Path, device: str, count: int) -> dict[str, Any]:
+def _held_out(out: Path, device: str, count: int, images: bool = False) -> dict[str, Any]:
     """The engine as it runs on this device (bf16 on CUDA, its default; fp32 on the CPU)
-    over `count` held-out requests."""
+    over `count` held-out requests (`images`: of the image family, its image questions)."""
     try:
-        report, extra = engine_check(out, device, count, split=0)
+        report, extra = engine_check(out, device, count, split=0, images=images)
     except Exception as exc:  # the weights are saved; fall back to the CPU
         print(f"engine check on {device} failed ({exc!r}); retrying on the CPU", flush=True)
-        report, extra = engine_check(out, "cpu", count, split=0)
-    print(f"held-out (engine, {count} requests): {report.summary()}")
+        report, extra = engine_check(out, "cpu", count, split=0, images=images)
+    family = "image questions, " if images else ""
+    print(f"held-out (engine, {family}{count} requests): {report.summary()}")
     print(f"  per task: { {k: round(v, 4) for k, v in report.task_accuracy.items()} }")
     return {
         "split": 0,
@@ -411,6 +421,14 @@ def main(argv: Sequence[str] | None = None, description: str = "") -> int:
         action="store_true",
         help="train on the training-only questions alone (a diagnostic: can the model learn "
         "them by themselves?)",
+    )
+    p.add_argument(
+        "--image-share",
+        type=float,
+        default=0.0,
+        help="share of the training requests read as the image family's request of the same "
+        "seed (topology/demo_tasks/images.py: a picture and questions about it beside some "
+        "of the text questions; 0: the text family alone)",
     )
     p.add_argument(
         "--point-weight",

@@ -17,16 +17,52 @@ def to_tensors(batch: dict[str, Any], device: Any) -> dict[str, Any]:
 
 
 def forward_slots(model: Any, t: dict[str, Any]) -> Any:
-    """Full-vocabulary logits (softcapped, fp32) at every slot of the batch: (slots, V)."""
-    out = model(
-        input_ids=t["input_ids"],
-        attention_mask=t["attention_mask"],
-        position_ids=t["position_ids"],
-        decoder_input_ids=t["decoder_input_ids"],
-        decoder_attention_mask=t["decoder_attention_mask"],
-        decoder_position_ids=t["decoder_position_ids"],
-    )
+    """Full-vocabulary logits (softcapped, fp32) at every slot of the batch: (slots, V).
+    A batch with images (`collate`'s `pixel_values`) has the tower's soft tokens put in
+    place of its image tokens' embeddings (`images_laid`)."""
+    undo = images_laid(model, t) if "pixel_values" in t else None
+    try:
+        out = model(
+            input_ids=t["input_ids"],
+            attention_mask=t["attention_mask"],
+            position_ids=t["position_ids"],
+            decoder_input_ids=t["decoder_input_ids"],
+            decoder_attention_mask=t["decoder_attention_mask"],
+            decoder_position_ids=t["decoder_position_ids"],
+        )
+    finally:
+        if undo is not None:
+            undo()
     return out.logits[t["rows"], t["cols"]]
+
+
+def images_laid(model: Any, t: dict[str, Any]) -> Any:
+    """Run the vision tower on the batch's images and make the encoder's next token
+    embedding put each soft token at its image token's place (`image_rows`, `image_cols`),
+    as `TransformersEngine._embed_with_images` does: where the engine laid them, not
+    wherever the image token's id appears (in the demo vocabulary it is also " Day"). The
+    model's own forward is unchanged; the hook removes itself after that one call (the
+    decoder embeds its canvas next). Returns the hook's remover (for an error on the way)."""
+    from workers.engine.vllm_reads.tower import fix_unpooled_mask
+
+    encoder = model.model.encoder
+    fix_unpooled_mask(encoder.vision_tower)  # as `VisionInput.for_model` does for the engine
+    features = encoder.get_image_features(
+        t["pixel_values"], t["pixel_positions"], return_dict=True
+    ).pooler_output
+    if features.shape[0] != t["image_rows"].shape[0]:
+        raise ValueError(f"{features.shape[0]} soft tokens for {t['image_rows'].shape[0]} tokens")
+    embed = encoder.get_input_embeddings()
+    handle: Any = None
+
+    def put(module: Any, args: Any, out: Any) -> Any:
+        handle.remove()
+        if out.shape[:2] != t["input_ids"].shape:
+            raise RuntimeError("the first embedding call was not the prompt's")
+        return out.index_put((t["image_rows"], t["image_cols"]), features.to(out.dtype))
+
+    handle = embed.register_forward_hook(put)
+    return handle.remove
 
 
 def label_hits(logits: Any, t: dict[str, Any]) -> Any:

@@ -11,8 +11,10 @@ from topology import demo_tasks
 from workers.engine.template import ChatFormat
 
 # The held-out kinds, then the training-only questions' own (logged apart so that their
-# learning can be watched; the held-out check never sees them).
-KINDS = (*demo_tasks.KINDS, "category", "name", "mention")
+# learning can be watched; the held-out check never sees them), then the image family's
+# (`--image-share`), logged apart from the text family's kinds.
+IMAGE_KINDS = tuple(f"image_{k}" for k in demo_tasks.KINDS)
+KINDS = (*demo_tasks.KINDS, "category", "name", "mention", *IMAGE_KINDS)
 
 # Yes/no questions that name ONE category ("Is the message about food?", "Is the text in
 # french?"), added to training requests with `--category-share`. Their truth is the family's
@@ -61,6 +63,7 @@ _KIND_OF = {
     **dict.fromkeys(_CATEGORY_WORDINGS, "category"),
     **dict.fromkeys(_NAME_WORDINGS, "name"),
     "mention": "mention",
+    **{task: f"image_{kind}" for task, kind in demo_tasks.IMAGE_KIND_OF.items()},
 }
 
 

@@ -20,7 +20,8 @@ from workers.engine.template import (
     system_text,
     user_text,
 )
-from workers.engine.types import Read
+from workers.engine.types import Read, ReadImage
+from workers.engine.vision import VisionInput
 
 
 def request_reads(
@@ -32,6 +33,7 @@ def request_reads(
     `seed` plays the part of the classifier's base seed: the noise seed is
     `noise_seed(seed, request id, chunk question ids, 0)` as in `Classifier._run`."""
     questions = demo_tasks.questions_of(ex.request)
+    images = request_images(ex.request)
     spec = [(qid, labels_and_answers(q)[0]) for qid, q in questions.items()]
     out = []
     for layout in layouts.chunks(spec):
@@ -44,6 +46,8 @@ def request_reads(
             seed=noise_seed(seed, ex.request["id"], layout.qids, 0),
             tag=ex.request["id"],
         )
+        if images:  # as the classifier hands them on: every read of the request
+            read = dataclasses.replace(read, images=images)
         targets, kinds, slots = [], [], []
         for slot in layout.slots:
             _, answers = labels_and_answers(qs[slot.question_id])
@@ -60,6 +64,56 @@ def request_reads(
             slots.append(slot)
         out.append((dataclasses.replace(read, slots=tuple(slots)), targets, kinds))
     return out
+
+
+def request_images(request: dict[str, Any]) -> tuple[ReadImage, ...]:
+    """The request's images (data URLs in `images`) decoded as the worker's gate decodes
+    them (`workers.images.decode`: format check, RGB, transparency over white), so that
+    training sees the pixels the engine is handed."""
+    from workers.images.decode import decode_image
+    from workers.images.settings import ImageSettings
+
+    max_pixels = ImageSettings().max_pixels
+    out = []
+    for url in request.get("images") or ():
+        decoded = decode_image(_inline_bytes(url), max_pixels, keep=True)
+        out.append(ReadImage(decoded.sha256, decoded.image))
+    return tuple(out)
+
+
+def _inline_bytes(url: str) -> bytes:
+    from schemas.images import check_reference
+
+    ref = check_reference(url, "images")
+    if ref.source != "inline":
+        raise ValueError("training reads inline images only (data URLs)")
+    return ref.data()
+
+
+def demo_vision() -> VisionInput:
+    """The demo model's image layout (`VisionInput.for_model` without a model: the data
+    workers build batches without one)."""
+    from workers.engine.models import SPECS, tiny_config
+
+    config = tiny_config(SPECS["demo"])
+    vision = config.vision_config
+    return VisionInput(
+        patch=int(vision.patch_size),
+        pooling=int(getattr(vision, "pooling_kernel_size", 1) or 1),
+        boi_id=int(config.boi_token_id),
+        eoi_id=int(config.eoi_token_id),
+        image_id=int(config.image_token_id),
+    )
+
+
+def lay_images(read: Read, vision: VisionInput) -> tuple[Read, list[int]]:
+    """`read` with its images' blocks laid into its prompt as the transformers engine lays
+    them (at the shared prefix's end), and the positions of its image tokens there."""
+    if not read.images:
+        return read, []
+    at, n = read.shared_prefix_len, len(read.images)
+    laid = dataclasses.replace(read, prompt_ids=vision.expand(read.prompt_ids, at, n))
+    return laid, vision.image_positions(at, n)
 
 
 class PointerMarks(NamedTuple):
@@ -89,7 +143,7 @@ def pointer_targets(
     heads = [i for i in range(len(ids) - n + 1) if tuple(ids[i : i + n]) == marks.question]
     out = []
     for i, (t, k) in enumerate(zip(targets, kinds, strict=True)):
-        if k not in ("choice", "mention") or len(heads) != len(targets):
+        if k not in ("choice", "mention", "image_choice") or len(heads) != len(targets):
             out.append(-1)
             continue
         end = heads[i + 1] if i + 1 < len(heads) else len(ids)
@@ -102,10 +156,23 @@ def collate(
     items: Sequence[tuple[Read, list[int], list[str]]],
     pad_id: int,
     marks: PointerMarks | None = None,
+    vision: VisionInput | None = None,
 ) -> dict[str, Any]:
     """Numpy arrays for one batch: prompts right-padded, canvases padded to the widest,
     masks, positions, and the slots' (row, canvas position, target id, kind, label ids, and
-    with `marks` the prompt position the pointer should find, see `pointer_targets`)."""
+    with `marks` the prompt position the pointer should find, see `pointer_targets`).
+
+    Reads with images (`vision` given) have their blocks laid in the prompt (`lay_images`)
+    and add the tower's input: `pixel_values` and `pixel_positions` (one row per image, in
+    read order) and `image_rows`/`image_cols`, where each image token sits. A batch without
+    images has none of these keys: a text-only batch is what it always was."""
+    image_at: list[list[int]] = [[] for _ in items]
+    if any(r.images for r, _, _ in items):
+        if vision is None:
+            raise ValueError("a batch with images needs the model's VisionInput")
+        laid = [(lay_images(r, vision), t, k) for r, t, k in items]
+        image_at = [at for (_, at), _, _ in laid]
+        items = [(r, t, k) for (r, _), t, k in laid]
     b = len(items)
     plen = np.array([len(r.prompt_ids) for r, _, _ in items], dtype=np.int64)
     cwid = np.array([len(r.canvas_ids) for r, _, _ in items], dtype=np.int64)
@@ -127,6 +194,19 @@ def collate(
             targets.append(t)
             kinds.append(KINDS.index(k))
             label_sets.append(slot.label_ids)
+    extra: dict[str, Any] = {}
+    if any(image_at):
+        assert vision is not None
+        images = [im for r, _, _ in items for im in r.images]
+        pixels, positions = vision.pixels(images)
+        extra = {
+            "pixel_values": pixels,
+            "pixel_positions": positions,
+            "image_rows": np.array(
+                [i for i, at in enumerate(image_at) for _ in at], dtype=np.int64
+            ),
+            "image_cols": np.array([c for at in image_at for c in at], dtype=np.int64),
+        }
     k_max = max(len(s) for s in label_sets)
     labels = np.array([list(s) + [-1] * (k_max - len(s)) for s in label_sets], dtype=np.int64)
     return {
@@ -142,4 +222,5 @@ def collate(
         "kinds": np.array(kinds, dtype=np.int64),
         "label_ids": labels,
         "points": np.array(points, dtype=np.int64),
+        **extra,
     }

@@ -9,7 +9,11 @@ from typing import Any
 
 from schemas.kinds import name_of
 from topology.demo_tasks.generate import Example
+from topology.demo_tasks.images import IMAGE_KIND_OF, IMAGE_QUESTION_TYPES
 from topology.demo_tasks.words import KIND_OF, KINDS, QUESTION_TYPES
+
+# Text and image question types (images.py) are scored alike.
+_ALL_KIND_OF = {**KIND_OF, **IMAGE_KIND_OF}
 
 # Accuracy per kind and calibration over held-out results, shared by the benchmark, the
 # tests and the pipeline check. Results are wire results (dicts, or models with
@@ -68,7 +72,7 @@ def score_results(examples: Sequence[Example], results: Sequence[Any]) -> list[S
             got = answers.get(qid)
             name = answer_name(got) if isinstance(got, Mapping) else None
             conf = float(got.get("confidence", 0.0)) if isinstance(got, Mapping) else 0.0
-            out.append(ScoredRead(KIND_OF[task], task, name == want, conf if name else 0.0))
+            out.append(ScoredRead(_ALL_KIND_OF[task], task, name == want, conf if name else 0.0))
     return out
 
 
@@ -104,7 +108,7 @@ def check(reads: Sequence[ScoredRead]) -> CheckReport:
         counts[kind] = len(mine)
         accuracy[kind] = sum(r.correct for r in mine) / len(mine) if mine else 0.0
     task_accuracy = {}
-    for task in QUESTION_TYPES:
+    for task in (*QUESTION_TYPES, *IMAGE_QUESTION_TYPES):
         mine = [r for r in reads if r.task == task]
         if mine:
             task_accuracy[task] = sum(r.correct for r in mine) / len(mine)

@@ -90,6 +90,7 @@ class TaskQuestion:
     threshold: int | None = None  # number_above
     word_list: str | None = None  # listed_words: a key of WORD_LISTS
     bounds: tuple[int, ...] = ()  # score: upper bounds of the levels
+    colour: str | None = None  # image_colour_present (topology/demo_tasks/images.py)
 
 
 def truth_of(state: str, q: TaskQuestion, question: Mapping[str, Any]) -> str:
