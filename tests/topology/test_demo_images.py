@@ -73,11 +73,11 @@ def _nearest_colour(rgb: np.ndarray) -> str:
 
 def _shape_of(comp: list[tuple[int, int]], dist: np.ndarray, full: float) -> str:
     """The shape a component looks like, from its coverage (distance from the background over
-    its colour's) in the box of its pixels at least half covered. Thresholds from 6,279 shapes
-    of seeds 0..2999 (the 1st..99th percentiles of each feature by shape kept apart): a
-    triangle's mass is skewed down (skew < -0.35, the others > -0.24); a cross has empty
-    corners and mass far from its centre (inertia/area^2 > 0.176, the others < 0.172); a
-    square's corners are covered (> 0.24, a circle's < 0.19)."""
+    its colour's) in the box of its pixels at least half covered. Thresholds from the shapes
+    of seeds 0..19999 (each feature's range by shape kept apart): a triangle's mass is skewed
+    down (skew < -0.35, the others > -0.24); a cross has empty corners (< 0.02) and mass far
+    from its centre (inertia/area^2 >= 0.169, a circle's <= 0.165); a square's corners are
+    covered (> 0.24, a circle's < 0.19)."""
     half = [p for p in comp if dist[p] > 0.5 * full]
     ys, xs = zip(*half, strict=True)
     cov = np.clip(dist[min(ys) : max(ys) + 1, min(xs) : max(xs) + 1] / full, 0, 1)
@@ -90,7 +90,7 @@ def _shape_of(comp: list[tuple[int, int]], dist: np.ndarray, full: float) -> str
     corners = (cov[0, 0] + cov[0, -1] + cov[-1, 0] + cov[-1, -1]) / 4
     if skew < -0.3:
         return "triangle"
-    if inertia > 0.174 and corners < 0.1:
+    if inertia > 0.167 and corners < 0.1:
         return "cross"
     return "square" if corners > 0.215 else "circle"
 
