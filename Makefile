@@ -30,7 +30,7 @@ $(VLLM_STAMP): pyproject.toml
 # infra/kafka/jars.lock.json with its checksums (no Maven); a no-op when present.
 kafka-jars:
 	@test -x $(BIN)/python || $(MAKE) --no-print-directory setup
-	$(BIN)/python -m infra.kafka.broker fetch
+	$(BIN)/python -m dgstream.infra.kafka.broker fetch
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

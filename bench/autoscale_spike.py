@@ -41,7 +41,7 @@ from bench.harness.spike import (
     SpikeResult,
     run_spike,
 )
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 # ---------------------------------------------------------------------------- report
 
@@ -153,7 +153,7 @@ Reproduce: `{command}`.
 
 def main() -> int:
     from bench.report import write_section
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     home = tempfile.mkdtemp(prefix="dgas-kafka-")
     info = broker.start(home, port=0)

@@ -47,12 +47,12 @@ from kafka import KafkaConsumer, TopicPartition
 
 from bench.harness.bombs import Producers, Send, byte_bomb, json_bomb
 from bench.report import figure, write_section
-from schemas import DeadLetter
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
+from dgstream.schemas import DeadLetter
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 MB = 1_000_000
-# The default bound (workers.inputs.BATCH_RECORDS_AT_LIMIT x the default 1 MiB).
+# The default bound (dgstream.workers.steps.inputs.BATCH_RECORDS_AT_LIMIT x the default 1 MiB).
 DEFAULT_BOUND = 32 << 20
 # RSS samples this often: a bomb's decompression and copies take tens of milliseconds.
 SAMPLE_EVERY_S = 0.01
@@ -103,13 +103,13 @@ CASES = [
 
 def run_worker(settings_json: str, unbounded: bool) -> int:
     """The worker process: a StreamWorker on the fake engine until SIGTERM (a drain)."""
-    from workers.settings import WorkerSettings
-    from workers.worker import StreamWorker, WorkerFailed
+    from dgstream.workers.hosting.settings import WorkerSettings
+    from dgstream.workers.hosting.worker import StreamWorker, WorkerFailed
 
     if unbounded:  # kafka-python's own reading, for comparison
-        import workers.inputs
+        import dgstream.workers.steps.inputs
 
-        workers.inputs.bound_batches = lambda *_: False  # type: ignore[assignment]
+        dgstream.workers.steps.inputs.bound_batches = lambda *_: False  # type: ignore[assignment]
     worker = StreamWorker(WorkerSettings.model_validate_json(settings_json))
     signal.signal(
         signal.SIGTERM, lambda *_: threading.Thread(target=worker.drain, daemon=True).start()
@@ -384,7 +384,7 @@ def render(
     if unbounded:
         md += [
             "",
-            "The same worker without the consumer's bound (`workers.inputs.bound_consumer` "
+            "The same worker without the consumer's bound (`workers.steps.inputs.bound_consumer` "
             "left out: kafka-python decompresses each batch whole and copies the value out of "
             "it; the parser and the dead letter's id hint as above; `--no-compare` skips "
             "these rows):",

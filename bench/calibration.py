@@ -12,7 +12,7 @@ logits of every read (with one read a request, the answer's distribution is the 
   (a model biased towards yes, which one temperature cannot undo).
 
 Each variant's temperatures are fitted on one split (seed 1) with the product's own fitter
-(`workers.calibration.fit`, what `dgstream calibrate` runs) and scored on another (seed 2):
+(`workers.results.calibration.fit`, what `dgstream calibrate` runs) and scored on another (seed 2):
 ECE per kind and overall (15 equal-width bins over the confidence of the answer given),
 then the product's router (`workers.routes.Router`) routes the scored split's results, raw
 and calibrated, by two routes on `insult.p_yes`; for each route, the share of results it
@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 
 from bench.report import write_section
-from schemas import ClassificationResult, parse_request
-from schemas.result import ChoiceAnswer, ScoreAnswer, YesNoAnswer
-from topology.demo_tasks import MODERATION_QUESTIONS, sample_events
-from workers.calibration import Calibrator, Example, distribution, ece, fit
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.routes import Route, Router
+from dgstream.schemas import ClassificationResult, parse_request
+from dgstream.schemas.result import ChoiceAnswer, ScoreAnswer, YesNoAnswer
+from dgstream.topology.demo_tasks import MODERATION_QUESTIONS, sample_events
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.results.calibration import Calibrator, Example, distribution, ece, fit
+from dgstream.workers.routes import Route, Router
 
 ROUTES = [
     Route(name="block", when="insult.p_yes >= 0.9", topic="mod.block"),
@@ -203,9 +203,9 @@ def _markdown(rows: list[dict[str, Any]], n: int, seconds: float) -> str:
     lines = [
         "## Calibration: the demo model and two miscalibrated variants (temperature scaling)",
         "",
-        f"`dgstream calibrate`'s fitter (`workers.calibration.fit`) on the demo's moderation "
-        f"events, {n} to fit (seed 1) and {n} others to score (seed 2), through the demo "
-        "model on the CPU (one read each, so an answer's distribution is its read's label "
+        f"`dgstream calibrate`'s fitter (`workers.results.calibration.fit`) on the demo's "
+        f"moderation events, {n} to fit (seed 1) and {n} others to score (seed 2), through the "
+        "demo model on the CPU (one read each, so an answer's distribution is its read's label "
         "softmax); the variants change every read's label logits "
         "(`T=3`: divided by 3; `T=2, +1.5 yes`: divided by 2 and 1.5 added to yes). ECE: 15 "
         f"equal-width bins over the confidence of the answer given, on the scoring split. "

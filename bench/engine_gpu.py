@@ -35,9 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.reads import make_reads
-from workers.engine.hf_backend import TransformersEngine
-from workers.engine.models import TINY_RANDOM, full_size_config, tiny_config
-from workers.engine.types import Read
+from dgstream.workers.engine.hf_backend import TransformersEngine
+from dgstream.workers.engine.models import TINY_RANDOM, full_size_config, tiny_config
+from dgstream.workers.engine.types import Read
 
 
 def sync() -> None:

@@ -177,8 +177,8 @@ async def profile(engine: Any, args: argparse.Namespace, vocab: int) -> None:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.engine.vllm.engine import VllmEngine
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.engine import VllmEngine
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     root = stable_root()  # one path on every start: the compile cache hits
     model = full_size_dir(args.quant, root)
@@ -700,7 +700,7 @@ def _card_memory(info: dict[str, Any]) -> str:
 def _resolved_len(settings: dict[str, Any]) -> int:
     """max_model_len as `check_model` resolves it for the full-size shape (its 262,144
     positions are above the reference 16,384), for runs that did not record it."""
-    from workers.engine.vllm.sizing import REFERENCE_MAX_MODEL_LEN
+    from dgstream.workers.engine.vllm.sizing import REFERENCE_MAX_MODEL_LEN
 
     return int(settings["max_model_len"] or REFERENCE_MAX_MODEL_LEN)
 

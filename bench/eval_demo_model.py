@@ -41,7 +41,7 @@ from typing import Any
 
 from bench import ROOT
 from bench.harness.miswire import MISWIRINGS
-from topology import demo_tasks
+from dgstream.topology import demo_tasks
 
 PLOT = ROOT / "docs" / "reliability.png"
 IMAGE_PLOT = ROOT / "docs" / "reliability-images.png"
@@ -58,10 +58,10 @@ def classify_held_out(
 ) -> tuple[list[demo_tasks.Example], list[Any], float]:
     """The held-out examples, their results (wire dicts, in request order) and seconds.
     `family` "images": the image family's split, the images through the worker's gate."""
-    from schemas import RequestError
-    from workers.engine.factory import EngineSettings, build_classifier
-    from workers.images.gate import InputGate
-    from workers.images.settings import ImageSettings
+    from dgstream.schemas import RequestError
+    from dgstream.workers.engine.factory import EngineSettings, build_classifier
+    from dgstream.workers.images.gate import InputGate
+    from dgstream.workers.images.settings import ImageSettings
 
     examples = (
         demo_tasks.held_out_image_examples(split, count)
@@ -148,7 +148,7 @@ def reliability_plot(report: demo_tasks.CheckReport, path: Path, title: str) -> 
 
 
 def _model_dir(model: str) -> Path:
-    from workers.engine import models
+    from dgstream.workers.engine import models
 
     if model in models.SPECS:
         return models.ensure_tiny_model(model)

@@ -33,11 +33,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-import workers.stream.intake as intake
+import dgstream.workers.stream.intake as intake
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from bench.report import figure, write_section
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 # As tests/workers/test_fairness.py: the batch and the slots the bound there is stated for.
 MAX_RECORDS = 64

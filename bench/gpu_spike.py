@@ -40,7 +40,7 @@ from bench.harness.spike import run_spike
 def engine(args: argparse.Namespace) -> dict[str, Any]:
     if args.engine == "fake":
         return {"backend": "fake", "fake_cost_per_read_s": 0.02}
-    from workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.models import TRAINED_DIRS
 
     return {
         "backend": "vllm",
@@ -103,8 +103,8 @@ def main() -> int:
         import torch
 
         gpus = torch.cuda.device_count()
-    from infra.kafka import broker
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.infra.kafka import broker
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     home = tempfile.mkdtemp(prefix="dg-gpuspike-")
     info = broker.start(home, port=0)

@@ -9,7 +9,7 @@ killed by a new test or explained there.
     python -m bench.mutation_score           # the table, and the survivors not yet explained
     python -m bench.mutation_score --write   # also rewrites its section of docs/benchmarks.md
 
-A run of some modules only (`mutmut run "workers.stream.recovery*"`) leaves the others'
+A run of some modules only (`mutmut run "dgstream.workers.stream.recovery*"`) leaves the others'
 mutants without a verdict: their rows are kept as docs/benchmarks.md shows them, with the
 date they were measured, and only the modules this run reached get today's.
 """

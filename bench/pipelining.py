@@ -39,10 +39,10 @@ from bench.worker_overhead import (
     produce_input,
     run_worker,
 )
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
-from workers.logs import configure_logging
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.hosting.logs import configure_logging
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import train_demo_model as T
-from workers.engine.models import SPECS, tiny_config
-from workers.engine.tokenizer import save_pretrained_tokenizer
+from dgstream.workers.engine.models import SPECS, tiny_config
+from dgstream.workers.engine.tokenizer import save_pretrained_tokenizer
 
 
 def main() -> None:

@@ -38,17 +38,17 @@ from bench.worker_overhead import (
     produce_input,
     run_worker,
 )
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
-from workers.logs import configure_logging
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.hosting.logs import configure_logging
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 _BASE_RUN = """
 import json, sys
 from bench.worker_overhead import measured, run_worker
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.kafka_settings import KafkaConnection
-from workers.logs import configure_logging
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.hosting.logs import configure_logging
 configure_logging("WARNING")
 conn = KafkaConnection(bootstrap_servers=sys.argv[1])
 topic, n = sys.argv[2], int(sys.argv[3])

@@ -50,11 +50,11 @@ from bench.worker_overhead import (
     run_worker,
     worker_run_parser,
 )
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
-from workers.logs import configure_logging
-from workers.settings import Delivery
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.hosting.logs import configure_logging
+from dgstream.workers.hosting.settings import Delivery
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 # Records per upstream transaction. Kafka Streams under exactly-once commits every 100 ms
 # (its commit.interval.ms default for that guarantee), so its transactions hold what one

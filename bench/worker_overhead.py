@@ -9,7 +9,7 @@ by side on one local broker, reading the same input topic from its beginning eac
 - `plain, same work`: one thread, the textbook loop doing the worker's work inline:
   poll(max_records=64); parse each record as the worker's intake does (`InputReader`, the
   record's fallback id); `Classifier.classify` the batch (the same fake engine); build the
-  batch's records with the worker's own result builder (`workers.outputs.OutputBuilder`
+  batch's records with the worker's own result builder (`workers.steps.outputs.OutputBuilder`
   with the worker's `Decisions` and settings: calibration, routes, the audit block,
   CloudEvents attributes, route headers, fitting); send them; flush; commit. Both send the
   same records: every run checks that each variant sent one result per request, and
@@ -72,19 +72,19 @@ from kafka.coordinator.assignors.cooperative_sticky import (
 )
 
 from bench.report import write_section
-from schemas import RequestError, parse_request, record_id
-from workers.batches import Batch, Entry
-from workers.decisions import Decisions
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.inputs import InputReader
-from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known
-from workers.kafka_settings import KafkaConnection
-from workers.logs import configure_logging
-from workers.metrics import WorkerMetrics
-from workers.outputs import OutputBuilder
-from workers.settings import Delivery, WorkerSettings
-from workers.topics import TopicGuard, admin_describe
-from workers.worker import StreamWorker
+from dgstream.schemas import RequestError, parse_request, record_id
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.hosting.logs import configure_logging
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import Delivery, WorkerSettings
+from dgstream.workers.hosting.worker import StreamWorker
+from dgstream.workers.kafka.admin import compute_lag, ensure_topics, subscribe_known
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.results.decisions import Decisions
+from dgstream.workers.steps.batches import Batch, Entry
+from dgstream.workers.steps.inputs import InputReader
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.steps.topics import TopicGuard, admin_describe
 
 PARTITIONS = 6
 # Two inline questions (one yes/no, one choice): one read each request.
@@ -384,7 +384,7 @@ def broker_at(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     broker.fetch()
     home = Path(tempfile.mkdtemp(prefix="dg-bench-kafka-"))
@@ -421,8 +421,8 @@ _ROWS = {
 _FRONT = """
 import asyncio, json, sys, time
 sys.path.insert(0, sys.argv[1])
-from schemas import parse_request
-from workers.engine.factory import EngineSettings, build_classifier
+from dgstream.schemas import parse_request
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
 questions = json.loads(sys.argv[2])
 requests = [
     parse_request(json.dumps({"id": f"r{i}", "state": f"message {i}: see you at the game "

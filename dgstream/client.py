@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ClassificationResult,
     DeadLetter,
@@ -29,8 +29,8 @@ from schemas import (
     parse_request,
     read_output,
 )
-from workers.kafka_probe import KafkaConnectError, check_connection
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.probe import KafkaConnectError, check_connection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 __all__ = ["Client", "KafkaConnectError", "Reply", "RequestFailed", "RequestInvalid"]
 
@@ -56,7 +56,7 @@ class RequestFailed(RuntimeError):
         self.dead_letter = letter
 
 
-# File signatures of the formats the worker reads (workers.images.decode.READ_FORMATS).
+# File signatures of the formats the worker reads (dgstream.workers.images.decode.READ_FORMATS).
 _SIGNATURES = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),
     (b"\xff\xd8\xff", "image/jpeg"),
@@ -87,7 +87,7 @@ class Client:
     ) -> None:
         from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-        from workers.kafka_admin import ensure_topics
+        from dgstream.workers.kafka.admin import ensure_topics
 
         self.connection = (
             kafka

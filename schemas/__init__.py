@@ -7,23 +7,23 @@ each: ours, Jev's response shape, OpenAI's moderation shape); questions and answ
 of the kinds in `kinds` (one module each: yes/no, choice, score); `audit` says what decided
 each; `cloudevents` reads structured-mode events and writes the attributes of our own
 records.
-`python -m schemas.export` writes the JSON Schema files in `schemas/json/`.
+`python -m dgstream.schemas.export` writes the JSON Schema files in `schemas/json/`.
 """
 
-from schemas._version import SCHEMA_VERSION
-from schemas.audit import Audit, AuditImage, digest
-from schemas.cloudevents import EventRef
-from schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
-from schemas.errors import ErrorCode, RequestError, RequestRejected
-from schemas.formats import format_names, get_format
-from schemas.formats.jev import JevResponse, to_jev
-from schemas.formats.openai_moderation import (
+from dgstream.schemas._version import SCHEMA_VERSION
+from dgstream.schemas.audit import Audit, AuditImage, digest
+from dgstream.schemas.cloudevents import EventRef
+from dgstream.schemas.dead_letter import DeadLetter, OriginalHeader, SourceRef
+from dgstream.schemas.errors import ErrorCode, RequestError, RequestRejected
+from dgstream.schemas.formats import format_names, get_format
+from dgstream.schemas.formats.jev import JevResponse, to_jev
+from dgstream.schemas.formats.openai_moderation import (
     ModerationOptions,
     ModerationResponse,
     to_moderation,
 )
-from schemas.output import OutputFormat, encode_output, read_output
-from schemas.parse import (
+from dgstream.schemas.output import OutputFormat, encode_output, read_output
+from dgstream.schemas.parse import (
     DEFAULT_LIMITS,
     FallbackId,
     ParseLimits,
@@ -31,7 +31,7 @@ from schemas.parse import (
     record_id,
     request_id_hint,
 )
-from schemas.request import (
+from dgstream.schemas.request import (
     ChoiceQuestion,
     ClassificationRequest,
     IdSource,
@@ -42,7 +42,7 @@ from schemas.request import (
     YesNoQuestion,
     question_order,
 )
-from schemas.result import (
+from dgstream.schemas.result import (
     Answer,
     ChoiceAnswer,
     ClassificationResult,

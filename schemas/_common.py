@@ -7,7 +7,7 @@ import re
 from pydantic import BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
-from schemas.errors import ErrorCode
+from dgstream.schemas.errors import ErrorCode
 
 # Context key of a custom error that carries the full dotted path of the offending field
 # (validators that run on the whole model have no location of their own).

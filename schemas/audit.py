@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from schemas._common import WireModel
+from dgstream.schemas._common import WireModel
 
 __all__ = ["Audit", "AuditImage", "canonical_json", "digest"]
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from schemas.errors import ErrorCode, RequestError
+from dgstream.schemas.errors import ErrorCode, RequestError
 
 __all__ = [
     "CE_PREFIX",

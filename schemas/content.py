@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, WithJsonSchema
 
-from schemas._common import fail
-from schemas.errors import ErrorCode
+from dgstream.schemas._common import fail
+from dgstream.schemas.errors import ErrorCode
 
 # Deeper JSON cannot be written back reliably (the same bound as metadata's).
 MAX_CONTENT_DEPTH = 64

@@ -19,7 +19,7 @@ original out (`truncated`): the value whole with the key or some headers left ou
 prefix of the value, else nothing of it (by reference: the source's topic, partition and
 offset, with `original_sha256` and the key's `key_sha256` to check what is found there).
 Such a letter cannot be replayed byte for byte. The record's `dgstream.dead_letter.format`
-header says which: `json`, `raw`, `truncated` or `reference` (`workers.records`).
+header says which: `json`, `raw`, `truncated` or `reference` (`workers.steps.records`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from datetime import UTC, datetime
 
 from pydantic import Field, field_validator
 
-from schemas._common import WireModel
-from schemas._version import SchemaVersion
-from schemas.errors import ErrorCode, RequestError
-from schemas.headers import HeaderKey, key_bytes
-from schemas.parse import request_id_hint
+from dgstream.schemas._common import WireModel
+from dgstream.schemas._version import SchemaVersion
+from dgstream.schemas.errors import ErrorCode, RequestError
+from dgstream.schemas.headers import HeaderKey, key_bytes
+from dgstream.schemas.parse import request_id_hint
 
 # A record header as kafka-python gives and takes it.
 Header = tuple[str, bytes | None]

@@ -70,7 +70,7 @@ class ErrorCode(StrEnum):
       position), DUPLICATE_LABEL_TOKEN (two labels of a question share a token),
       TEMPLATE_TOO_LONG (a question's answer template does not fit the canvas).
 
-    Images (the worker's checks of each image's bytes, after parsing; workers.images):
+    Images (the worker's checks of each image's bytes, after parsing; dgstream.workers.images):
       IMAGE_UNREADABLE (not an image in a format the worker reads: PNG, JPEG, GIF, WebP,
       BMP; or its EXIF block cannot be read), IMAGE_TRUNCATED (the file ends before its
       pixels do), IMAGE_TOO_LARGE (more pixels than images.max_pixels, read from the header

@@ -1,7 +1,7 @@
 """Write the JSON Schema files in schemas/json/ from the models.
 
-python -m schemas.export            # (re)write them
-python -m schemas.export --check    # exit 1 when the committed files differ
+python -m dgstream.schemas.export            # (re)write them
+python -m dgstream.schemas.export --check    # exit 1 when the committed files differ
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from schemas.dead_letter import DeadLetter
-from schemas.formats import formats
-from schemas.request import ClassificationRequest
+from dgstream.schemas.dead_letter import DeadLetter
+from dgstream.schemas.formats import formats
+from dgstream.schemas.request import ClassificationRequest
 
 JSON_DIR = Path(__file__).resolve().parent / "json"
 _DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -48,7 +48,7 @@ def render() -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schemas.export", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dgstream.schemas.export", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if the files differ")
     parser.add_argument("--dir", type=Path, default=JSON_DIR, help="where the files live")
     args = parser.parse_args(argv)
@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
     if args.check and stale:
         print(
-            f"out of date in {args.dir}: {', '.join(stale)}; run `python -m schemas.export`",
+            f"out of date in {args.dir}: {', '.join(stale)}; "
+            "run `python -m dgstream.schemas.export`",
             file=sys.stderr,
         )
         return 1

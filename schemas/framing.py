@@ -2,14 +2,14 @@
 id as a 4-byte big-endian integer, then the serialized value (JSON, for JSON Schema).
 
 Pure functions on bytes: the registry itself (is the id known, of which type) is the
-worker's (`workers.registry`).
+worker's (`workers.kafka.schema_registry`).
 """
 
 from __future__ import annotations
 
 import struct
 
-from schemas.errors import ErrorCode, RequestError
+from dgstream.schemas.errors import ErrorCode, RequestError
 
 __all__ = ["MAGIC", "frame", "unframe"]
 

@@ -23,8 +23,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas._common import RequestModel, fail
-from schemas.errors import ErrorCode
+from dgstream.schemas._common import RequestModel, fail
+from dgstream.schemas.errors import ErrorCode
 
 __all__ = [
     "MAX_IMAGES",

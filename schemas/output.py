@@ -9,10 +9,10 @@ import json
 
 from pydantic import BaseModel, ValidationError
 
-from schemas.formats import DEFAULT_FORMAT, formats, get_format
-from schemas.formats.jev import JevResponse
-from schemas.formats.openai_moderation import ModerationResponse
-from schemas.result import ClassificationResult
+from dgstream.schemas.formats import DEFAULT_FORMAT, formats, get_format
+from dgstream.schemas.formats.jev import JevResponse
+from dgstream.schemas.formats.openai_moderation import ModerationResponse
+from dgstream.schemas.result import ClassificationResult
 
 # A registered format's name (`schemas.formats.format_names()`).
 OutputFormat = str

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from schemas._common import (
+from dgstream.schemas._common import (
     FIELD_CTX,
     LIMITS_CTX,
     SUFFIX_CTX,
@@ -21,12 +21,12 @@ from schemas._common import (
     json_type,
     printable,
 )
-from schemas._version import SCHEMA_VERSION
-from schemas.cloudevents import EventRef, is_structured, unwrap
-from schemas.errors import ErrorCode, RequestError
-from schemas.kinds import kinds, question_types
-from schemas.names import TOPIC_CHARS
-from schemas.request import (
+from dgstream.schemas._version import SCHEMA_VERSION
+from dgstream.schemas.cloudevents import EventRef, is_structured, unwrap
+from dgstream.schemas.errors import ErrorCode, RequestError
+from dgstream.schemas.kinds import kinds, question_types
+from dgstream.schemas.names import TOPIC_CHARS
+from dgstream.schemas.request import (
     MAX_ID_CHARS,
     MAX_QUESTIONS,
     ClassificationRequest,

@@ -21,27 +21,34 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import kinds
-from schemas._common import LIMITS_CTX, RequestModel, fail, json_type
-from schemas._version import SchemaVersion
-from schemas.cloudevents import EventRef
-from schemas.content import Content, json_depth
-from schemas.errors import ErrorCode, RequestRejected
-from schemas.images import MAX_IMAGES, ImagePart, ImageRef, InputPart, JevAsset, check_reference
-from schemas.kinds import KindUnion, QuestionBase, holds_kinds
-from schemas.kinds._base import MAX_INSTRUCTIONS_CHARS, Instructions
+from dgstream.schemas import kinds
+from dgstream.schemas._common import LIMITS_CTX, RequestModel, fail, json_type
+from dgstream.schemas._version import SchemaVersion
+from dgstream.schemas.cloudevents import EventRef
+from dgstream.schemas.content import Content, json_depth
+from dgstream.schemas.errors import ErrorCode, RequestRejected
+from dgstream.schemas.images import (
+    MAX_IMAGES,
+    ImagePart,
+    ImageRef,
+    InputPart,
+    JevAsset,
+    check_reference,
+)
+from dgstream.schemas.kinds import KindUnion, QuestionBase, holds_kinds
+from dgstream.schemas.kinds._base import MAX_INSTRUCTIONS_CHARS, Instructions
 
 # The three kinds' models and limits, where the contract's readers have found them.
-from schemas.kinds.choice import (
+from dgstream.schemas.kinds.choice import (
     JEV_MAX_OPTIONS,
     MAX_OPTION_CHARS,
     MAX_OPTIONS,
     MIN_OPTIONS,
     ChoiceQuestion,
 )
-from schemas.kinds.score import MAX_LEVELS, MIN_LEVELS, ScoreQuestion, level_names
-from schemas.kinds.yes_no import YesNoCriteria, YesNoQuestion
-from schemas.names import QUESTION_ID_PATTERN, TOPIC_PATTERN, is_question_id
+from dgstream.schemas.kinds.score import MAX_LEVELS, MIN_LEVELS, ScoreQuestion, level_names
+from dgstream.schemas.kinds.yes_no import YesNoCriteria, YesNoQuestion
+from dgstream.schemas.names import QUESTION_ID_PATTERN, TOPIC_PATTERN, is_question_id
 
 __all__ = [
     "JEV_MAX_OPTIONS",

@@ -6,16 +6,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from schemas._common import WireModel
-from schemas._version import SchemaVersion
-from schemas.audit import Audit
-from schemas.kinds import Answered, KindUnion, Probability, holds_kinds
+from dgstream.schemas._common import WireModel
+from dgstream.schemas._version import SchemaVersion
+from dgstream.schemas.audit import Audit
+from dgstream.schemas.kinds import Answered, KindUnion, Probability, holds_kinds
 
 # Each kind's answer model is its module's (`schemas/kinds/`); the three kinds' are here too,
 # where the contract's readers have found them.
-from schemas.kinds.choice import ChoiceAnswer
-from schemas.kinds.score import ScoreAnswer
-from schemas.kinds.yes_no import YesNoAnswer
+from dgstream.schemas.kinds.choice import ChoiceAnswer
+from dgstream.schemas.kinds.score import ScoreAnswer
+from dgstream.schemas.kinds.yes_no import YesNoAnswer
 
 __all__ = [
     "Answer",

@@ -16,10 +16,10 @@ def run_cli(
     env: dict[str, str] | None = None,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m topology.cli ARGS` from the repository root with this environment (plus
+    """`python -m dgstream.topology.cli ARGS` from the repository root with this environment (plus
     `env`); never raises on a non-zero exit: the caller checks `returncode`."""
     return subprocess.run(
-        [sys.executable, "-m", "topology.cli", *args],
+        [sys.executable, "-m", "dgstream.topology.cli", *args],
         input=stdin,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},

@@ -28,8 +28,8 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 if TYPE_CHECKING:
     from secure_kafka import SecureBroker
 
-    from infra.kafka.broker import BrokerInfo
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.infra.kafka.broker import BrokerInfo
+    from dgstream.workers.kafka.settings import KafkaConnection
 
 
 # --------------------------------------------------------------------------- caches
@@ -44,7 +44,7 @@ def _session_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     """`DGSTREAM_CACHE_DIR` for the session: a fresh directory, so a tiny model is built by
     this code (its cache key is its spec and the library versions, not the code that builds
     it). Processes the tests start (Ray workers, CLIs) inherit it."""
-    name = "DGSTREAM_CACHE_DIR"  # workers.engine.models.cache_root
+    name = "DGSTREAM_CACHE_DIR"  # dgstream.workers.engine.models.cache_root
     before = os.environ.get(name)
     os.environ[name] = os.environ.get(SHARED_CACHE_ENV) or str(
         tmp_path_factory.mktemp("dgstream-cache")
@@ -96,7 +96,7 @@ def group(unique_name: Callable[[str], str]) -> str:
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInfo]:
     """A real single-node Kafka 4.x broker for the session; stopped at the end."""
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     try:
         broker.fetch()
@@ -116,7 +116,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerInf
 @pytest.fixture
 def kafka_connection(kafka_broker: BrokerInfo) -> KafkaConnection:
     """Connection settings for the session broker."""
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     return KafkaConnection(bootstrap_servers=kafka_broker.bootstrap_servers)
 
@@ -143,7 +143,7 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
 
     from secure_kafka import PASSWORD_ENV, USER, WRONG_PASSWORD_ENV, SecureBroker
 
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     try:
         broker.fetch()

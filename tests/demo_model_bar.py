@@ -9,7 +9,7 @@ training log says it scored.
 
 from __future__ import annotations
 
-from topology import demo_tasks
+from dgstream.topology import demo_tasks
 
 KINDS = demo_tasks.KINDS
 MIN_QUESTIONS = 50  # per kind: below this an accuracy of 0.95 says little

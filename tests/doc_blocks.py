@@ -327,7 +327,7 @@ def _check_dgstream(args: list[str]) -> str | None:
     import contextlib
     import io
 
-    from topology.cli import build_parser
+    from dgstream.topology.cli import build_parser
 
     err = io.StringIO()
     try:

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 USER = "dgstream-svc"
 PASSWORD_ENV = "DGSTREAM_TEST_KAFKA_PASSWORD"
@@ -18,7 +18,7 @@ WRONG_PASSWORD_ENV = "DGSTREAM_TEST_KAFKA_WRONG_PASSWORD"
 
 @dataclass(frozen=True)
 class SecureBroker:
-    info: Any  # infra.kafka.broker.BrokerInfo
+    info: Any  # dgstream.infra.kafka.broker.BrokerInfo
     ca_file: str
     user: str = USER
     password_env: str = PASSWORD_ENV

@@ -7,7 +7,7 @@ replaces dead replicas and publishes the tick's record; docs/architecture.md, "T
 controller's tick", walks through the numbered steps.
 
 Health (docs/operations.md, "Health: STALLED and FAILING"): a replica that reports itself
-stalled (`workers.status`), or has stopped answering its status calls, is STALLED; one
+stalled (`workers.hosting.status`), or has stopped answering its status calls, is STALLED; one
 that fails, waits for a restart, or restarts in a loop (`RestartLoops`: Ray's restarts of
 its process and the controller's alike) is FAILING. `dgstream status` exits 1 while either
 holds, and `dgstream_failing{cause}` counts them.
@@ -26,11 +26,11 @@ from typing import Any
 
 import ray
 
-from topology.autoscaler import Autoscaler, Decision, Policy
-from topology.restarts import RestartBackoff
-from topology.spec import PipelineSpec, Topology, parse_topology
-from workers.kafka_settings import KafkaConnection
-from workers.status import ReplicaReport
+from dgstream.topology.autoscaler import Autoscaler, Decision, Policy
+from dgstream.topology.restarts import RestartBackoff
+from dgstream.topology.spec import PipelineSpec, Topology, parse_topology
+from dgstream.workers.hosting.status import ReplicaReport
+from dgstream.workers.kafka.settings import KafkaConnection
 
 CONTROLLER_PREFIX = "dgstream-controller"
 DEFAULT_NAMESPACE = "dgstream"
@@ -120,7 +120,7 @@ class _Replica:
     cause: str | None = None
     # Gone: when it may be started again (the restart backoff); None while it runs.
     retry_at: float | None = None
-    # Its last report's stall (`workers.status.Stall.describe()`) and for how long.
+    # Its last report's stall (`workers.hosting.status.Stall.describe()`) and for how long.
     stall: str | None = None
     stalled_for_s: float = 0.0
     # When its last status call was answered (None: never, or Ray is restarting it).
@@ -236,12 +236,12 @@ class PipelineRunner:
         return self.topology.worker_settings(self.spec, replica, self.connection)
 
     def replica_prefix(self) -> str:
-        from workers.actor import replica_prefix
+        from dgstream.workers.hosting.actor import replica_prefix
 
         return replica_prefix(self.topology.ray.deployment, self.spec.name)
 
     def actor_name(self, replica: int) -> str:
-        """`dgstream-<deployment>.<pipeline>-<replica>` (`workers.actor.actor_name`)."""
+        """`dgstream-<deployment>.<pipeline>-<replica>` (`workers.hosting.actor.actor_name`)."""
         return f"{self.replica_prefix()}{replica}"
 
     def bundle(self) -> dict[str, float]:
@@ -291,7 +291,7 @@ class PipelineRunner:
 
     def _setup(self) -> None:
         if not self.topics_ready:
-            from workers.kafka_admin import ensure_topics
+            from dgstream.workers.kafka.admin import ensure_topics
 
             s = self.spec
             n, rf = s.topics.partitions, s.topics.replication_factor
@@ -352,7 +352,7 @@ class PipelineRunner:
             self._admin = None
 
     def _measure_lag(self) -> None:
-        from workers.kafka_admin import compute_lag, total_lag
+        from dgstream.workers.kafka.admin import compute_lag, total_lag
 
         try:
             per_partition = compute_lag(
@@ -412,8 +412,8 @@ class PipelineRunner:
 
     def _loop_error(self, r: _Replica) -> str:
         """What a restart loop says: how many restarts, and the last error the replica exited
-        with (its actor leaves it in Ray's key-value store: `workers.actor.last_exit`)."""
-        from workers.actor import last_exit
+        with (its actor leaves it in Ray's key-value store: `workers.hosting.actor.last_exit`)."""
+        from dgstream.workers.hosting.actor import last_exit
 
         n = self.loops.restarts(r.index)
         text = (
@@ -427,8 +427,8 @@ class PipelineRunner:
 
     def _exit_error(self, r: _Replica) -> str | None:
         """The error `r`'s actor last exited with, when it exited after `r` was started
-        (`workers.actor.last_exit`): what a replica found dead says of itself."""
-        from workers.actor import last_exit
+        (`workers.hosting.actor.last_exit`): what a replica found dead says of itself."""
+        from dgstream.workers.hosting.actor import last_exit
 
         last = last_exit(self.namespace, r.name)
         if last is None or last[1] < r.started_wall:
@@ -545,7 +545,7 @@ class PipelineRunner:
     def _start_replica(self, index: int, verb: str) -> bool:
         """Create replica `index` (a detached actor under its name) and track it; False
         (and an event) when the name is still held, by a replica being removed."""
-        from workers.actor import create_worker
+        from dgstream.workers.hosting.actor import create_worker
 
         name = self.actor_name(index)
         try:
@@ -585,7 +585,7 @@ class PipelineRunner:
     def _retire(self, replica: _Replica) -> None:
         """Drain (stop fetching, finish in flight, commit, leave the group), then remove
         the actor and wait until its name is free for a later replica."""
-        from workers.actor import forget_last_exit
+        from dgstream.workers.hosting.actor import forget_last_exit
 
         try:
             ray.get(
@@ -663,7 +663,7 @@ class PipelineRunner:
             return
         replica.taken_down = True
         if replica.error:
-            from workers.actor import order_exit
+            from dgstream.workers.hosting.actor import order_exit
 
             # An incarnation in a crash loop may die before the call below reaches it: it
             # then ends itself with the cause the next time its worker fails.
@@ -778,7 +778,7 @@ class PipelineRunner:
         self.timeline.append(record)
 
     def _publish_metrics(self, decision: Decision) -> None:
-        from topology import metrics
+        from dgstream.topology import metrics
 
         running = self._running()
         metrics.publish(
@@ -844,7 +844,7 @@ class PipelineRunner:
             refs = [r.handle.drain.remote(_DRAIN_TIMEOUT_S) for r in reps if not r.draining]
             if refs:
                 ray.wait(refs, num_returns=len(refs), timeout=_DRAIN_TIMEOUT_S + _DRAIN_MARGIN_S)
-        from workers.actor import forget_last_exit
+        from dgstream.workers.hosting.actor import forget_last_exit
 
         for r in reps:
             forget_last_exit(self.namespace, r.name)
@@ -887,7 +887,7 @@ class _ControllerImpl:
         (a wrong password, an untrusted certificate, a missing variable). No replica is
         started meanwhile. Unreachable is not refused: the broker may be starting, and
         the ticks say the lag is unknown."""
-        from workers.kafka_probe import KafkaConnectError, check_connection
+        from dgstream.workers.kafka.probe import KafkaConnectError, check_connection
 
         if self._kafka_ok:
             return True

@@ -1,8 +1,8 @@
 """Writes docs/configuration.md from the topology models, so the page lists every field with
 its type, default and meaning, and cannot drift (a test compares it with the models).
 
-    python -m topology.docs          # rewrite docs/configuration.md
-    python -m topology.docs --check  # exit 1 when it differs
+    python -m dgstream.topology.docs          # rewrite docs/configuration.md
+    python -m dgstream.topology.docs --check  # exit 1 when it differs
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ Errors name the path of the bad field, e.g. `pipelines[0].replicas: min (3) must
 exceed max (2)`. Secrets never go in the file: name an environment variable instead
 (`sasl_password_env`, `ssl_password_env`), set on every Ray node (docs/operations.md).
 
-This page is generated from the models (`python -m topology.docs`); a test fails when it is
+This page is generated from the models (`python -m dgstream.topology.docs`); a test fails when it is
 out of date.
 """
 
@@ -111,8 +111,8 @@ def backend_rows() -> list[str]:
     docstring, its settings key, GPUs by default and audit fields)."""
     import sys as _sys
 
-    from workers.engine.backends import backends
-    from workers.engine.factory import EngineSettings
+    from dgstream.workers.engine.backends import backends
+    from dgstream.workers.engine.factory import EngineSettings
 
     out = [
         "## Engine backends",
@@ -143,8 +143,8 @@ def kind_rows() -> list[str]:
     fields, its Jev type and its module's docstring)."""
     import sys as _sys
 
-    from schemas.kinds import kinds
-    from workers.routes.fields import COMMON_FIELDS
+    from dgstream.schemas.kinds import kinds
+    from dgstream.workers.routes.fields import COMMON_FIELDS
 
     common = ", ".join(f"`{f}`" for f in COMMON_FIELDS)
     out = [
@@ -170,8 +170,8 @@ def kind_rows() -> list[str]:
 
 
 def render() -> str:
-    from topology.spec import KafkaSpec, PipelineSpec, RaySpec, Topology
-    from workers.routes import Route
+    from dgstream.topology.spec import KafkaSpec, PipelineSpec, RaySpec, Topology
+    from dgstream.workers.routes import Route
 
     lines = [INTRO]
     seen = {"Topology", "KafkaSpec", "PipelineSpec", "RaySpec"}
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not DOC.exists() or DOC.read_text() != text:
-            print(f"{DOC} is out of date: run python -m topology.docs", file=sys.stderr)
+            print(f"{DOC} is out of date: run python -m dgstream.topology.docs", file=sys.stderr)
             return 1
         return 0
     DOC.parent.mkdir(parents=True, exist_ok=True)

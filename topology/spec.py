@@ -24,11 +24,10 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import Question
-from schemas.kinds import holds_kinds, question_types
-from schemas.names import DEPLOYMENT_NAME_PATTERN
-from workers.kafka_settings import KafkaConnection
-from workers.settings import (
+from dgstream.schemas import Question
+from dgstream.schemas.kinds import holds_kinds, question_types
+from dgstream.schemas.names import DEPLOYMENT_NAME_PATTERN
+from dgstream.workers.hosting.settings import (
     ActorResources,
     CompressionType,
     PipelineFields,
@@ -36,7 +35,8 @@ from workers.settings import (
     WorkerSettings,
     check_question_sets,
 )
-from workers.tracing import TracingSettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.results.tracing import TracingSettings
 
 _NAME = DEPLOYMENT_NAME_PATTERN  # pipeline names go into actor names
 

@@ -11,6 +11,11 @@
 # script starts no row after 480 s and the whole run is cut at 530 s.
 set -u
 root=$PWD
+# dgstream/workers (and schemas, topology, infra) are links to the folders: a copy of the
+# tree that dropped them gets them back, so `import dgstream.workers` works from $root.
+for sub in workers schemas topology infra; do
+  [ -e "dgstream/$sub" ] || ln -s "../$sub" "dgstream/$sub"
+done
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 if [ ! -f "$root/bench/gpu/card/sitecustomize.py" ]; then

@@ -71,8 +71,8 @@ async def run_batches(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from bench.engine_vllm import SHARED_LABELS, full_size_dir, stable_root
-    from workers.engine.vllm.engine import VllmEngine
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.engine import VllmEngine
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     knobs = json.loads(args.settings or "{}")
     if args.model == "full-size":
@@ -86,7 +86,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     else:
         # A small model with real weights: its reads differ from prompt to prompt far more
         # than the dummy weights' do, so a read answered with another's values shows.
-        from workers.engine.models import TRAINED_DIRS
+        from dgstream.workers.engine.models import TRAINED_DIRS
 
         model = TRAINED_DIRS["demo"].parent / args.model
         settings = VllmSettings(model=str(model), skip_tokenizer_init=True, **knobs)

@@ -37,6 +37,11 @@
 # the engine process held 1.0 GiB beyond its allocator's peak on the 2026-12-02 card run.
 set -u
 root=$PWD
+# dgstream/workers (and schemas, topology, infra) are links to the folders: a copy of the
+# tree that dropped them gets them back, so `import dgstream.workers` works from $root.
+for sub in workers schemas topology infra; do
+  [ -e "dgstream/$sub" ] || ln -s "../$sub" "dgstream/$sub"
+done
 # vLLM finds the project's read path (its plugin) through package metadata only: a
 # dist-info for the work tree, first on the path (bench/gpu/dist_info.py).
 python3 bench/gpu/dist_info.py /root/dgdist >/dev/null

@@ -29,9 +29,9 @@ from bench.harness.pipeline import (
     Pipeline,
     request_bytes,
 )
-from infra.kafka import broker
-from infra.kafka.broker import BrokerInfo
-from workers.kafka_settings import KafkaConnection
+from dgstream.infra.kafka import broker
+from dgstream.infra.kafka.broker import BrokerInfo
+from dgstream.workers.kafka.settings import KafkaConnection
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,8 +136,8 @@ class ThreadReplica:
     engine wrapped by `wrap` (the fake engine with a fault of its own)."""
 
     def __init__(self, slot: int, settings: Any, wrap: Callable[[Any], Any] | None) -> None:
-        from workers.engine.factory import build_classifier
-        from workers.worker import StreamWorker
+        from dgstream.workers.engine.factory import build_classifier
+        from dgstream.workers.hosting.worker import StreamWorker
 
         self.slot, self.settings = slot, settings
         classifier = build_classifier(settings.engine, settings.question_sets, settings.name)
@@ -387,7 +387,7 @@ POISON = _poison_records()
 def _poison_restarts() -> int:
     """PoisonTuning's documented limit with the defaults: the deaths that make a partition
     suspect, then those that convict its record running alone."""
-    from workers.settings import PoisonTuning
+    from dgstream.workers.hosting.settings import PoisonTuning
 
     tuning = PoisonTuning()
     return tuning.suspect_after + tuning.poison_after
@@ -408,7 +408,7 @@ def _output_gone(run: Run) -> None:
     (the deletion takes them with it); then the workers meet the missing topic for
     OUTPUT_GONE_S (an outage: nothing is dead-lettered), and answer into the new topic
     once it is back."""
-    from workers.kafka_admin import ensure_topics
+    from dgstream.workers.kafka.admin import ensure_topics
 
     p = run.pipeline
     run.gate.clear()
@@ -641,8 +641,8 @@ _ORACLES: dict[tuple[str, ...], dict[str, Any]] = {}  # the cells share their re
 def expected_answers(values: dict[str, bytes], settings: Any) -> dict[str, Any]:
     """The oracle: id -> the fake engine's answers for that request (as JSON), computed
     here with the workers' engine and question sets."""
-    from schemas import ClassificationResult, parse_request
-    from workers.engine.factory import build_classifier
+    from dgstream.schemas import ClassificationResult, parse_request
+    from dgstream.workers.engine.factory import build_classifier
 
     ids = list(values)
     memo = (settings.engine.model_dump_json(), *ids, *(values[i].decode() for i in ids))
@@ -768,7 +768,7 @@ class Run:
     # ------------------------------------------------------------------ workers
 
     def settings(self, slot: int) -> Any:
-        from workers.engine.factory import EngineSettings
+        from dgstream.workers.engine.factory import EngineSettings
 
         kw: dict[str, Any] = {
             "delivery": self.delivery,
@@ -928,7 +928,7 @@ class Run:
     # ------------------------------------------------------------------ the cell
 
     def execute(self) -> Verdict:
-        from workers.kafka_admin import ensure_topics
+        from dgstream.workers.kafka.admin import ensure_topics
 
         t0 = time.monotonic()
         p, n = self.pipeline, self.size.messages
@@ -1046,7 +1046,7 @@ class Run:
         return v
 
     def _dead_letters(self, dead: list[Any]) -> tuple[dict[str, int], list[str]]:
-        from schemas import DeadLetter
+        from dgstream.schemas import DeadLetter
 
         codes: Counter[str] = Counter()
         unexpected = []

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from bench.harness.waiting import wait_for
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 DELIVERIES = ["at_least_once", "exactly_once"]
 
@@ -85,7 +85,7 @@ class DownEngine(_Wrapped):
     the reads tried."""
 
     def __init__(self, inner: Any, error: Callable[[], Exception] | None = None) -> None:
-        from workers.engine.types import EngineUnavailable
+        from dgstream.workers.engine.types import EngineUnavailable
 
         super().__init__(inner)
         self.down = threading.Event()
@@ -113,7 +113,7 @@ class CrashOn(_Wrapped):
         if any(r.tag.startswith(self.prefix) for r in reads):
             if self.exit_code is not None:
                 os._exit(self.exit_code)
-            from workers.engine.types import FatalEngineError
+            from dgstream.workers.engine.types import FatalEngineError
 
             raise FatalEngineError("CUDA error: an illegal memory access was encountered")
         return await self._passed_on(reads)
@@ -139,7 +139,7 @@ class FlakyEngine(_Wrapped):
         self.failures = 0
 
     async def read(self, reads: Sequence[Any]) -> list[Any]:
-        from workers.engine.types import EngineUnavailable, RecoverableEngineError
+        from dgstream.workers.engine.types import EngineUnavailable, RecoverableEngineError
 
         self.calls += 1
         if self.down.is_set():
@@ -156,7 +156,7 @@ class FlakyEngine(_Wrapped):
 def classifier_with(engine_type: Callable[[Any], Any], settings: Any) -> tuple[Any, Any]:
     """A classifier for `settings`' question sets whose engine is `engine_type(fake)`;
     returns (classifier, engine)."""
-    from workers.engine.factory import EngineSettings, build_classifier
+    from dgstream.workers.engine.factory import EngineSettings, build_classifier
 
     classifier = build_classifier(EngineSettings(backend="fake"), settings.question_sets, "t")
     classifier.engine = engine_type(classifier.engine)

@@ -49,7 +49,7 @@ NVFP4 = {
 
 def full_size_dir(quant: str, root: Path) -> Path:
     """A model directory of the published shape (config and generation config only)."""
-    from workers.engine.models import full_size_config, write_generation_config
+    from dgstream.workers.engine.models import full_size_config, write_generation_config
 
     config = full_size_config()
     body = config.to_dict()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from topology.demo_tasks.check import result_dict
+from dgstream.topology.demo_tasks.check import result_dict
 
 
 def _swap_answer(answer: dict[str, Any]) -> dict[str, Any]:

@@ -361,7 +361,7 @@ def compare(
     questions, answers that differ, the largest probability gap (and its 99th percentile
     over questions), and each one's accuracy and ECE on the held-out truth
     (`topology.demo_tasks.check`)."""
-    from topology import demo_tasks
+    from dgstream.topology import demo_tasks
 
     ref = [demo_tasks.result_dict(r) for r in reference]
     got = [demo_tasks.result_dict(r) for r in results]
@@ -396,7 +396,7 @@ def compare(
 
 def classify_on_cpu(model_dir: Path, requests: Sequence[Any], batch: int = 64) -> list[Any]:
     """The requests through the transformers engine on the CPU (fp32, one read each)."""
-    from workers.engine.factory import EngineSettings, build_classifier
+    from dgstream.workers.engine.factory import EngineSettings, build_classifier
 
     classifier = build_classifier(
         EngineSettings(model=str(model_dir), device="cpu", reuse_prefix=False)
@@ -414,7 +414,7 @@ def classify_on_cpu(model_dir: Path, requests: Sequence[Any], batch: int = 64) -
 def cpu_preview(directory: Path = TARGET, count: int = 300, split: int = 0) -> dict[str, Any]:
     """`count` held-out requests: the demo model against the NVFP4 weights dequantized to
     fp32, both through the transformers engine on the CPU (emulated NVFP4)."""
-    from topology import demo_tasks
+    from dgstream.topology import demo_tasks
 
     examples = demo_tasks.held_out_examples(split, count)
     requests = [demo_tasks.validate(ex.request) for ex in examples]

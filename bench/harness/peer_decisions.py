@@ -139,7 +139,7 @@ def tokenizer_lines() -> list[str]:
 
 def write_tokenizer(path: Path) -> Path:
     """A model directory (config.json) with a tokenizer for vLLM's decision routes."""
-    from workers.engine.tokenizer import save_pretrained_tokenizer
+    from dgstream.workers.engine.tokenizer import save_pretrained_tokenizer
 
     save_pretrained_tokenizer(
         path, turns=TURNS, chat_template=CHAT_TEMPLATE, extra_lines=tokenizer_lines()
@@ -559,7 +559,7 @@ class PeerServer:
 def peer_settings(args: argparse.Namespace, model: Path) -> Any:
     """The in-process benchmark's engine settings (bench/engine_vllm.py), but the tokenizer,
     on vLLM's own read path where the settings choose one."""
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     stock = {"read_path": "stock"} if "read_path" in VllmSettings.model_fields else {}
     return VllmSettings(
@@ -576,7 +576,7 @@ def peer_settings(args: argparse.Namespace, model: Path) -> Any:
 
 
 def serve_argv(settings: Any, port: int) -> list[str]:
-    from workers.engine.vllm.args import serve_command
+    from dgstream.workers.engine.vllm.args import serve_command
 
     return [
         sys.executable,
@@ -808,7 +808,7 @@ def _beside(spec: str) -> tuple[str, Path]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     ap = argparse.ArgumentParser(description="vllm serve's own label reads, as dgstream's peer")
     ap.add_argument("--out", default="", help="JSON of the run (rewritten after every row)")

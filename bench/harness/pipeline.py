@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench.harness.waiting import wait_for
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 # The question set the pipelines know; requests name it or carry inline questions.
 MODERATION: dict[str, Any] = {
@@ -153,7 +153,7 @@ class Pipeline:
         output_partitions: int = 3,
     ) -> Pipeline:
         """A pipeline of new topics (the input of `partitions`) and a new group."""
-        from workers.kafka_admin import ensure_topics
+        from dgstream.workers.kafka.admin import ensure_topics
 
         p = cls(
             conn,
@@ -170,8 +170,8 @@ class Pipeline:
             r.close()
 
     def settings(self, **overrides: Any) -> Any:
-        from workers.engine.factory import EngineSettings
-        from workers.settings import WorkerSettings
+        from dgstream.workers.engine.factory import EngineSettings
+        from dgstream.workers.hosting.settings import WorkerSettings
 
         base: dict[str, Any] = {
             "pipeline": "test",
@@ -252,7 +252,7 @@ class Pipeline:
         return r
 
     def lag(self) -> int:
-        from workers.kafka_admin import compute_lag
+        from dgstream.workers.kafka.admin import compute_lag
 
         return sum(compute_lag(self.conn, self.group, [self.input]).values())
 
@@ -309,7 +309,7 @@ class WorkerThread:
     """A `StreamWorker` running on a thread of the test process (no Ray)."""
 
     def __init__(self, settings: Any, **kwargs: Any) -> None:
-        from workers.worker import StreamWorker
+        from dgstream.workers.hosting.worker import StreamWorker
 
         self.worker = StreamWorker(settings, **kwargs)
         self.error: BaseException | None = None

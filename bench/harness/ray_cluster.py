@@ -77,7 +77,7 @@ def ray_cluster(
     import ray
     from ray.cluster_utils import Cluster
 
-    from topology.local_ray import private_ray_tmp
+    from dgstream.topology.local_ray import private_ray_tmp
 
     if ray.is_initialized():
         raise RuntimeError("this process is already connected to a Ray cluster")
@@ -161,8 +161,8 @@ def running_controller(topo: dict[str, Any], *, drain: bool = True) -> Iterator[
     with any worker of its namespace left behind."""
     import ray
 
-    from topology.controller import start_controller, stop_controller
-    from workers.actor import replica_prefix
+    from dgstream.topology.controller import start_controller, stop_controller
+    from dgstream.workers.hosting.actor import replica_prefix
 
     ns, deployment = topo["ray"]["namespace"], topo["ray"]["deployment"]
     ctl = start_controller(topo, deployment, ns)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from workers.engine.types import Read, Slot
+from dgstream.workers.engine.types import Read, Slot
 
 
 def make_reads(

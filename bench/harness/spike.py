@@ -18,7 +18,7 @@ from typing import Any
 from bench.harness.pipeline import INLINE, OutputReader, Pipeline, count_duplicates
 from bench.harness.ray_cluster import NAMESPACE, pipeline_status, running_controller, timeline
 from bench.harness.waiting import wait_for
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 # ---------------------------------------------------------------------------- the scenario
 

@@ -19,9 +19,9 @@ import numpy as np
 from bench.harness.reads import make_reads
 from bench.harness.vllm_model import write_model_dir
 from bench.harness.vllm_scheduler import BUDGET, PROMPT, WIDTH, vllm_config
-from workers.engine.types import Read
-from workers.engine.vllm.codec import build_sampling_params, parse_output
-from workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.types import Read
+from dgstream.workers.engine.vllm.codec import build_sampling_params, parse_output
+from dgstream.workers.engine.vllm.settings import VllmSettings
 
 VOCAB = 262_144  # the checkpoint's vocabulary
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workers.engine.models import DIFFUSION_GENERATION
+from dgstream.workers.engine.models import DIFFUSION_GENERATION
 
 
 def write_model_dir(d: Path, vocab: int) -> Path:

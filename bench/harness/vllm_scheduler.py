@@ -13,9 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from workers.engine.vllm.args import engine_args
-from workers.engine.vllm.codec import TWO_STEP_KEY
-from workers.engine.vllm.settings import READ_PATH_SEQS, VllmSettings
+from dgstream.workers.engine.vllm.args import engine_args
+from dgstream.workers.engine.vllm.codec import TWO_STEP_KEY
+from dgstream.workers.engine.vllm.settings import READ_PATH_SEQS, VllmSettings
 
 WIDTH = 16  # the served canvas (the card runs' 16 positions)
 BLOCK = 16  # vLLM's default KV block size
@@ -113,7 +113,7 @@ def scheduler(
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from workers.engine.vllm_reads.scheduler import DgOneStepScheduler
+    from dgstream.workers.engine.vllm_reads.scheduler import DgOneStepScheduler
 
     config = vllm_config(model_dir, budget=budget, seqs=seqs, blocks=blocks, one_step=one_step)
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=8, dtype=torch.float32)

@@ -71,7 +71,7 @@ class Recorder:
         self.reads: dict[str, list[list[float | None]]] = {}
 
     def install(self) -> None:
-        from workers.engine.vllm import codec, engine
+        from dgstream.workers.engine.vllm import codec, engine
 
         original = engine.parse_output
 

@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.harness.faults import CrashOn, classifier_with
-from workers.settings import WorkerSettings
-from workers.worker import StreamWorker, WorkerFailed
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.hosting.worker import StreamWorker, WorkerFailed
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ from bench.training.model import (
     scale_qk_norms,
     text_qk_norm_weights,
 )
-from workers.engine.template import ChatFormat, LayoutCache
+from dgstream.workers.engine.template import ChatFormat, LayoutCache
 
 
 def capture_attention(
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    from workers.engine import models
+    from dgstream.workers.engine import models
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=8)

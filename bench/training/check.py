@@ -11,9 +11,9 @@ import numpy as np
 
 from bench.training.model import DemoModel, forward_slots, to_tensors
 from bench.training.reads import collate, demo_vision, request_reads
-from topology import demo_tasks
-from workers.engine.template import ChatFormat, LayoutCache, labels_and_answers
-from workers.engine.types import Read
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine.template import ChatFormat, LayoutCache, labels_and_answers
+from dgstream.workers.engine.types import Read
 
 
 def engine_check(
@@ -24,7 +24,7 @@ def engine_check(
     `images`: the image family's split, checked on its image questions alone."""
     from transformers import AutoTokenizer
 
-    from workers.engine.hf_backend import TransformersEngine
+    from dgstream.workers.engine.hf_backend import TransformersEngine
 
     # No prefix reuse: every demo request has its own system text, so batching the whole
     # prompts is faster here; the engine's results are the same either way.
@@ -101,7 +101,7 @@ def parity_check(
     with `images`, image requests (the tower's soft tokens in both)."""
     import torch
 
-    from workers.engine.hf_backend import TransformersEngine
+    from dgstream.workers.engine.hf_backend import TransformersEngine
 
     layouts = LayoutCache(chat.encode, chat.eot_id, model.config.canvas_length)
     items, t = held_out_batch(chat, layouts, split=7, count=n, images=images)

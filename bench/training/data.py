@@ -15,8 +15,8 @@ from bench.training.questions import (
     with_name_question,
 )
 from bench.training.reads import PointerMarks, collate, demo_vision, request_reads
-from topology import demo_tasks
-from workers.engine.template import ChatFormat, LayoutCache
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine.template import ChatFormat, LayoutCache
 
 _W: dict[str, Any] = {}
 

@@ -25,7 +25,7 @@ from bench.training.model import (
     use_experts,
 )
 from bench.training.questions import IMAGE_KINDS, KINDS
-from workers.engine.template import ChatFormat
+from dgstream.workers.engine.template import ChatFormat
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     log it also writes to `<out>/train_log.json`."""
     import torch
 
-    from workers.engine.models import SPECS
+    from dgstream.workers.engine.models import SPECS
 
     t_start = time.perf_counter()
     device, cuda = _device(args)
@@ -113,8 +113,8 @@ def _model(args: argparse.Namespace, spec: Any, out: Path, device: str) -> tuple
     import torch
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-    from workers.engine.models import tiny_config
-    from workers.engine.tokenizer import save_pretrained_tokenizer
+    from dgstream.workers.engine.models import tiny_config
+    from dgstream.workers.engine.tokenizer import save_pretrained_tokenizer
 
     # The tokenizer the model is trained with is the one saved next to it (the same path
     # `ensure_tiny_model` uses).
@@ -281,7 +281,7 @@ def _save(
     already there; bf16 only if a weight left fp16's range. The run's figures go to `log`."""
     import torch
 
-    from workers.engine.models import write_generation_config
+    from dgstream.workers.engine.models import write_generation_config
 
     model.eval()
     model.to("cpu")

@@ -43,7 +43,7 @@ def images_laid(model: Any, t: dict[str, Any]) -> Any:
     wherever the image token's id appears (in the demo vocabulary it is also " Day"). The
     model's own forward is unchanged; the hook removes itself after that one call (the
     decoder embeds its canvas next). Returns the hook's remover (for an error on the way)."""
-    from workers.engine.vllm_reads.tower import fix_unpooled_mask
+    from dgstream.workers.engine.vllm_reads.tower import fix_unpooled_mask
 
     encoder = model.model.encoder
     fix_unpooled_mask(encoder.vision_tower)  # as `VisionInput.for_model` does for the engine

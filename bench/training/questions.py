@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 import random
 
-from topology import demo_tasks
-from workers.engine.template import ChatFormat
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine.template import ChatFormat
 
 # The held-out kinds, then the training-only questions' own (logged apart so that their
 # learning can be watched; the held-out check never sees them), then the image family's

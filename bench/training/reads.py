@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bench.training.questions import _KIND_OF, KINDS, name_token
-from topology import demo_tasks
-from workers.engine.template import (
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine.template import (
     ChatFormat,
     LayoutCache,
     labels_and_answers,
@@ -20,8 +20,8 @@ from workers.engine.template import (
     system_text,
     user_text,
 )
-from workers.engine.types import Read, ReadImage
-from workers.engine.vision import VisionInput
+from dgstream.workers.engine.types import Read, ReadImage
+from dgstream.workers.engine.vision import VisionInput
 
 
 def request_reads(
@@ -70,8 +70,8 @@ def request_images(request: dict[str, Any]) -> tuple[ReadImage, ...]:
     """The request's images (data URLs in `images`) decoded as the worker's gate decodes
     them (`workers.images.decode`: format check, RGB, transparency over white), so that
     training sees the pixels the engine is handed."""
-    from workers.images.decode import decode_image
-    from workers.images.settings import ImageSettings
+    from dgstream.workers.images.decode import decode_image
+    from dgstream.workers.images.settings import ImageSettings
 
     max_pixels = ImageSettings().max_pixels
     out = []
@@ -82,7 +82,7 @@ def request_images(request: dict[str, Any]) -> tuple[ReadImage, ...]:
 
 
 def _inline_bytes(url: str) -> bytes:
-    from schemas.images import check_reference
+    from dgstream.schemas.images import check_reference
 
     ref = check_reference(url, "images")
     if ref.source != "inline":
@@ -93,7 +93,7 @@ def _inline_bytes(url: str) -> bytes:
 def demo_vision() -> VisionInput:
     """The demo model's image layout (`VisionInput.for_model` without a model: the data
     workers build batches without one)."""
-    from workers.engine.models import SPECS, tiny_config
+    from dgstream.workers.engine.models import SPECS, tiny_config
 
     config = tiny_config(SPECS["demo"])
     vision = config.vision_config

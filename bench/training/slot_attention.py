@@ -18,9 +18,9 @@ from typing import Any
 from bench.training.attention_entropy import capture_attention
 from bench.training.model import to_tensors
 from bench.training.reads import collate, request_reads
-from topology import demo_tasks
-from workers.engine import models
-from workers.engine.template import ChatFormat, LayoutCache
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine import models
+from dgstream.workers.engine.template import ChatFormat, LayoutCache
 
 
 def probe_example(state: str, options: Sequence[str], truth: str) -> demo_tasks.Example:

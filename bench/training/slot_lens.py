@@ -22,9 +22,9 @@ from typing import Any
 from bench.training.model import DemoModel, forward_slots, to_tensors
 from bench.training.questions import name_token, with_name_question
 from bench.training.reads import collate, request_reads
-from topology import demo_tasks
-from workers.engine import models
-from workers.engine.template import ChatFormat, LayoutCache
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine import models
+from dgstream.workers.engine.template import ChatFormat, LayoutCache
 
 _UNIVERSE = {
     "language": demo_tasks.LANGUAGES,

@@ -56,8 +56,8 @@ def _keytool() -> list[str]:
     found = shutil.which("keytool")
     if found is not None:
         return [found]
-    from infra.kafka.broker.process import find_java
-    from infra.kafka.broker.state import BrokerError
+    from dgstream.infra.kafka.broker.process import find_java
+    from dgstream.infra.kafka.broker.state import BrokerError
 
     try:
         return [find_java(), "-m", "java.base/sun.security.tools.keytool.Main"]

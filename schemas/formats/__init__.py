@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from schemas.formats._base import Format, NoOptions
-from schemas.registry import Registry
-from schemas.request import Question
+from dgstream.schemas.formats._base import Format, NoOptions
+from dgstream.schemas.registry import Registry
+from dgstream.schemas.request import Question
 
 __all__ = [
     "DEFAULT_FORMAT",

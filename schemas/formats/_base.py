@@ -9,7 +9,7 @@ A format is one module of `schemas/formats/` holding one `Format` subclass, deco
 - `options` (a frozen model with extra keys forbidden) and `options_key`, the pipeline's
   key that holds them (None: the format has no key, its options are their defaults);
 - `response` and `schema_file`: the model a record's value validates against, and the file
-  under `schemas/json/` that `python -m schemas.export` writes from it;
+  under `schemas/json/` that `python -m dgstream.schemas.export` writes from it;
 - optional hooks, no-ops here: `recognises` (reading a value back in any format) and
   `check` (the options' references to the pipeline's routes and questions).
 """
@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.request import Question
-from schemas.result import ClassificationResult
+from dgstream.schemas.request import Question
+from dgstream.schemas.result import ClassificationResult
 
 __all__ = ["Format", "NoOptions"]
 

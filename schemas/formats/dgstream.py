@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from schemas.formats import register
-from schemas.formats._base import Format, NoOptions
-from schemas.result import ClassificationResult
+from dgstream.schemas.formats import register
+from dgstream.schemas.formats._base import Format, NoOptions
+from dgstream.schemas.result import ClassificationResult
 
 
 @register

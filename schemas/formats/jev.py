@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from schemas._common import WireModel
-from schemas.formats import register
-from schemas.formats._base import Format, NoOptions
-from schemas.kinds import KindUnion, holds_kinds, kind_of_type
+from dgstream.schemas._common import WireModel
+from dgstream.schemas.formats import register
+from dgstream.schemas.formats._base import Format, NoOptions
+from dgstream.schemas.kinds import KindUnion, holds_kinds, kind_of_type
 
 # Each kind's answer in Jev's shape is its module's (`schemas/kinds/`); the three kinds' are
 # here too, where Jev's readers have found them.
-from schemas.kinds.choice import JevChoiceAnswer
-from schemas.kinds.score import JevScoreAnswer
-from schemas.kinds.yes_no import JevNoulAnswer
-from schemas.result import ClassificationResult
+from dgstream.schemas.kinds.choice import JevChoiceAnswer
+from dgstream.schemas.kinds.score import JevScoreAnswer
+from dgstream.schemas.kinds.yes_no import JevNoulAnswer
+from dgstream.schemas.result import ClassificationResult
 
 __all__ = [
     "JevAnswer",

@@ -35,11 +35,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas._common import WireModel
-from schemas.formats import register
-from schemas.formats._base import Format
-from schemas.request import Question
-from schemas.result import ClassificationResult, YesNoAnswer
+from dgstream.schemas._common import WireModel
+from dgstream.schemas.formats import register
+from dgstream.schemas.formats._base import Format
+from dgstream.schemas.request import Question
+from dgstream.schemas.result import ClassificationResult, YesNoAnswer
 
 __all__ = [
     "OPENAI_CATEGORIES",

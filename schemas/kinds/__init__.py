@@ -9,7 +9,7 @@ error codes, the engine's template and answers, the routes' fields, calibration,
 commands' answer lines and the "Question kinds" table of docs/configuration.md all read it.
 
 Adding a kind: a module here with a `@register`ed `Kind` subclass, and its tests; its row in
-docs/configuration.md is generated (`python -m topology.docs`). A kind registered later (a
+docs/configuration.md is generated (`python -m dgstream.topology.docs`). A kind registered later (a
 test's) is in the unions too: registering one rebuilds the models that hold them
 (`holds_kinds`).
 """
@@ -24,7 +24,7 @@ from typing import Annotated, Any, ClassVar, TypeVar, Union
 from pydantic import BaseModel, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema
 
-from schemas.kinds._base import (
+from dgstream.schemas.kinds._base import (
     Aggregated,
     Answered,
     Kind,
@@ -33,7 +33,7 @@ from schemas.kinds._base import (
     RouteField,
     clean,
 )
-from schemas.registry import Registry
+from dgstream.schemas.registry import Registry
 
 __all__ = [
     "Aggregated",

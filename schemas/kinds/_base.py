@@ -31,9 +31,9 @@ from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Protocol
 
 from pydantic import BeforeValidator, Field, StringConstraints, field_validator
 
-from schemas._common import RequestModel, WireModel, fail
-from schemas.content import CONTENT_SCHEMA, to_text
-from schemas.errors import ErrorCode
+from dgstream.schemas._common import RequestModel, WireModel, fail
+from dgstream.schemas.content import CONTENT_SCHEMA, to_text
+from dgstream.schemas.errors import ErrorCode
 
 __all__ = [
     "MAX_INSTRUCTIONS_CHARS",
@@ -94,7 +94,7 @@ class QuestionBase(RequestModel):
     def kind(self) -> str:
         """The normalized kind: the name of the `Kind` whose `types` hold this `type` ("yes_no"
         for both "noul" and "yes_no")."""
-        from schemas.kinds import kind_of_type
+        from dgstream.schemas.kinds import kind_of_type
 
         kind = kind_of_type(self.type)
         assert kind is not None, self.type  # the union admits registered types only

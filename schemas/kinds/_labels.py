@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from schemas._common import fail, has_control
-from schemas.errors import ErrorCode
-from schemas.names import label_defect, label_key
+from dgstream.schemas._common import fail, has_control
+from dgstream.schemas.errors import ErrorCode
+from dgstream.schemas.names import label_defect, label_key
 
 LABEL_RULES = (
     "without bidirectional controls or invisible characters (zero-width, soft hyphen, "

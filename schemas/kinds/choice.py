@@ -8,11 +8,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas._common import WireModel, fail
-from schemas.content import Content
-from schemas.errors import ErrorCode
-from schemas.kinds import register
-from schemas.kinds._base import (
+from dgstream.schemas._common import WireModel, fail
+from dgstream.schemas.content import Content
+from dgstream.schemas.errors import ErrorCode
+from dgstream.schemas.kinds import register
+from dgstream.schemas.kinds._base import (
     Aggregated,
     Answered,
     Kind,
@@ -22,7 +22,7 @@ from schemas.kinds._base import (
     clean,
     heading,
 )
-from schemas.kinds._labels import LABEL_RULES, check_names
+from dgstream.schemas.kinds._labels import LABEL_RULES, check_names
 
 MAX_OPTION_CHARS = 64
 # One read carries one single-token label per option, A..Z (vLLM 0.33's decision reader caps

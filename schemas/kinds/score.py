@@ -9,11 +9,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from schemas._common import WireModel
-from schemas.content import NULL_LEVEL_NAME, Content
-from schemas.errors import ErrorCode
-from schemas.kinds import register
-from schemas.kinds._base import (
+from dgstream.schemas._common import WireModel
+from dgstream.schemas.content import NULL_LEVEL_NAME, Content
+from dgstream.schemas.errors import ErrorCode
+from dgstream.schemas.kinds import register
+from dgstream.schemas.kinds._base import (
     Aggregated,
     Answered,
     Kind,
@@ -23,8 +23,8 @@ from schemas.kinds._base import (
     clean,
     heading,
 )
-from schemas.kinds._labels import LABEL_RULES, check_names
-from schemas.kinds.choice import LETTERS
+from dgstream.schemas.kinds._labels import LABEL_RULES, check_names
+from dgstream.schemas.kinds.choice import LETTERS
 
 MIN_LEVELS, MAX_LEVELS = 2, 10
 # Slack for sums of float probabilities (an expected score a hair past the top level, or

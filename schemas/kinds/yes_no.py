@@ -8,11 +8,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from schemas._common import RequestModel, WireModel, fail
-from schemas.content import Content
-from schemas.errors import ErrorCode
-from schemas.kinds import register
-from schemas.kinds._base import (
+from dgstream.schemas._common import RequestModel, WireModel, fail
+from dgstream.schemas.content import Content
+from dgstream.schemas.errors import ErrorCode
+from dgstream.schemas.kinds import register
+from dgstream.schemas.kinds._base import (
     Aggregated,
     Answered,
     Kind,

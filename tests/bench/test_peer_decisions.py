@@ -37,7 +37,7 @@ VOCAB = 262_144
 def full_size_dir(root: Path) -> Path:
     """What bench/engine_vllm.py's `full_size_dir` writes, in bf16: the published shape's
     config and a generation config with Gemma's special ids."""
-    from workers.engine.models import full_size_config, write_generation_config
+    from dgstream.workers.engine.models import full_size_config, write_generation_config
 
     config = full_size_config()
     body = {**config.to_dict(), "architectures": ["DiffusionGemmaForBlockDiffusion"]}
@@ -111,7 +111,7 @@ def served(model_dir: Path) -> SimpleNamespace:
     from vllm.renderers.online_renderer import OnlineRenderer
     from vllm.renderers.registry import renderer_from_config
 
-    from workers.engine.vllm.args import engine_args
+    from dgstream.workers.engine.vllm.args import engine_args
 
     args = peer.parse_args([])
     settings = peer.peer_settings(args, model_dir)
@@ -477,8 +477,8 @@ def test_the_server_runs_the_in_process_engines_settings(
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from workers.engine.vllm.args import engine_args
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.args import engine_args
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     monkeypatch.setattr(current_platform, "device_type", "cpu", raising=False)
     args = peer.parse_args([])
@@ -545,7 +545,7 @@ def test_a_run_writes_every_row_against_a_stand_in_server(
     info = body["info"]
     assert info["kv_cache_tokens"] == 24053 and info["start_s"] > 0
     assert info["shared_prefix_tokens"] == 4 + info["state_tokens"] - 32
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     assert info["gpu_memory_utilization"] == VllmSettings().gpu_memory_utilization
     assert info["card"] == [{"pid": 7, "peak_reserved_gib": 20.5}]  # the emulation's report

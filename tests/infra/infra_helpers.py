@@ -100,14 +100,14 @@ def _truthy(annotation: str) -> Any:
 
 
 def exported_metrics(monkeypatch: Any) -> dict[str, Exported]:
-    """Every metric that workers/metrics.py and topology/metrics.py create, read by running
+    """Every metric that workers/hosting/metrics.py and topology/metrics.py create, read by running
     their code with recording stand-ins for ray.util.metrics' classes (the real signatures
     bind the arguments, so positional and keyword calls both resolve)."""
     import ray
     import ray.util.metrics as ray_metrics
 
-    import topology.metrics as controller_metrics
-    from workers.metrics import WorkerMetrics
+    import dgstream.topology.metrics as controller_metrics
+    from dgstream.workers.hosting.metrics import WorkerMetrics
 
     found: dict[str, Exported] = {}
 

@@ -44,7 +44,7 @@ from infra_helpers import (
     yaml_files,
 )
 
-from topology.spec import Topology, load_topology, parse_topology
+from dgstream.topology.spec import Topology, load_topology, parse_topology
 
 pytestmark = pytest.mark.unit
 
@@ -132,8 +132,8 @@ def expected_topics(topo: Topology, monkeypatch: pytest.MonkeyPatch) -> dict[str
     pipeline's `PipelineRunner._setup` (step 0 of its tick) runs with Kafka's admin call
     replaced by a recorder, with no admin client and no actors to adopt. If the controller's
     topic creation moves, move this hook with it (do not copy the rule here)."""
-    import workers.kafka_admin
-    from topology.controller import PipelineRunner
+    import dgstream.workers.kafka.admin
+    from dgstream.topology.controller import PipelineRunner
 
     made: dict[str, tuple[int, int]] = {}
 
@@ -150,7 +150,7 @@ def expected_topics(topo: Topology, monkeypatch: pytest.MonkeyPatch) -> dict[str
             made[name] = (n, replication_factor)
         return {}
 
-    monkeypatch.setattr(workers.kafka_admin, "ensure_topics", record)
+    monkeypatch.setattr(dgstream.workers.kafka.admin, "ensure_topics", record)
     for spec in topo.pipelines:
         runner = PipelineRunner(topo, spec, topo.kafka, "infra-test")
         runner._admin = object()  # never connects: the recorder ignores it
@@ -234,12 +234,12 @@ def test_infra_k8s_core_objects_against_the_kubernetes_api_schemas() -> None:
 
 
 def test_infra_topology_configmap_is_the_rendered_moderation_example() -> None:
-    from topology.k8s_configmap import render
+    from dgstream.topology.k8s_configmap import render
 
     text = (K8S / "topology-configmap.yaml").read_text()
     assert text == render(MODERATION), (
         "infra/k8s/topology-configmap.yaml is stale: run "
-        "`.venv/bin/python -m topology.k8s_configmap"
+        "`.venv/bin/python -m dgstream.topology.k8s_configmap"
         " > infra/k8s/topology-configmap.yaml`"
     )
     assert topology_configmap()["data"]["topology.yaml"] == MODERATION.read_text()
@@ -247,7 +247,7 @@ def test_infra_topology_configmap_is_the_rendered_moderation_example() -> None:
 
 
 def test_infra_controller_job_runs_the_topology_against_the_cluster() -> None:
-    from topology.cli import build_parser
+    from dgstream.topology.cli import build_parser
 
     job = controller_job()
     pod = job["spec"]["template"]["spec"]
@@ -590,7 +590,7 @@ def test_infra_dashboard_queries_only_exported_metrics(monkeypatch: pytest.Monke
 
     # Allowed series: the code's metrics as Ray exports them, and Ray's GPU node metrics.
     code = exported_metrics(monkeypatch)
-    assert code, "no metrics found in workers/metrics.py and topology/metrics.py"
+    assert code, "no metrics found in workers/hosting/metrics.py and topology/metrics.py"
     labels_of: dict[str, frozenset[str]] = {}
     for m in code.values():
         for series in m.series():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from infra_helpers import ROOT, exported_metrics, load_docs
 
-from topology.local_ray import private_ray_tmp
+from dgstream.topology.local_ray import private_ray_tmp
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -35,8 +35,8 @@ ray.init(
 
 @ray.remote
 def record():
-    import topology.metrics as controller_metrics
-    from workers.metrics import WorkerMetrics
+    import dgstream.topology.metrics as controller_metrics
+    from dgstream.workers.hosting.metrics import WorkerMetrics
 
     m = WorkerMetrics("infra-test", "w0")
     m.record_consumed(3)

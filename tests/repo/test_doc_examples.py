@@ -115,7 +115,7 @@ def _is_request(doc: Any) -> bool:
 
 
 def _check_json(b: Block) -> None:
-    from schemas import FallbackId, RequestError, parse_request
+    from dgstream.schemas import FallbackId, RequestError, parse_request
 
     doc = b.json
     if not _is_request(doc):
@@ -149,7 +149,7 @@ def _elided(doc: Any) -> Any:
 
 def _whole(doc: Any) -> dict[str, Any]:
     """The topology a yaml block stands for."""
-    from topology.spec import PipelineSpec, Topology
+    from dgstream.topology.spec import PipelineSpec, Topology
 
     doc = _elided(doc)
     base: dict[str, Any] = {"kafka": {"bootstrap_servers": ["127.0.0.1:9092"]}}
@@ -164,8 +164,8 @@ def _whole(doc: Any) -> dict[str, Any]:
 
 
 def _check_yaml(b: Block, tmp_path: Path) -> None:
-    from topology.spec import parse_topology
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.topology.spec import parse_topology
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     doc = yaml.safe_load(b.text)
     if isinstance(doc, dict) and set(doc) == {"kafka"}:
@@ -179,7 +179,7 @@ def _check_yaml(b: Block, tmp_path: Path) -> None:
     assert words[:2] == ["dgstream", "run"] and len(words) == 3, f"{b.where}: {b.argument!r}"
     (tmp_path / words[2]).write_text(b.text)
     run = subprocess.run(
-        [sys.executable, "-m", "topology.cli", *words[1:]],
+        [sys.executable, "-m", "dgstream.topology.cli", *words[1:]],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -210,7 +210,7 @@ def _check_python(b: Block) -> None:
 
 
 def _ask(args: list[str], request: str) -> str:
-    from topology.cli import main
+    from dgstream.topology.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -23,7 +23,7 @@ from the files, and none crosses a line the architecture draws.
   named imports of `_BENCH_REACHES_TESTS` are the exceptions;
 - no import circle inside `workers/` (through function-level imports and packages' __init__
   too), and the stream worker's roles (`workers/stream/`) import none of each other: only
-  the consume loop and the facade (`workers/worker.py`) know them all.
+  the consume loop and the facade (`workers/hosting/worker.py`) know them all.
 """
 
 from __future__ import annotations
@@ -41,7 +41,21 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("schemas", "workers", "topology", "infra", "dgstream")
 
 
-def _imports(path: Path) -> set[str]:
+# The folders that are the subpackages of `dgstream` (dgstream/workers -> ../workers, ...).
+SUBPACKAGES = ("schemas", "workers", "topology", "infra")
+
+
+def _local(name: str) -> str:
+    """An import's name as the folders spell it: `dgstream.workers.x` is `workers.x` (the
+    file workers/x.py), so the rules below read as the layout draws them. Any other name,
+    a top-level `workers` included, is left as it is (`test_one_import_name` refuses those)."""
+    head, _, rest = name.partition(".")
+    if head == "dgstream" and rest.split(".")[0] in SUBPACKAGES:
+        return rest
+    return name
+
+
+def _raw_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -50,6 +64,10 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.add(node.module)
     return out
+
+
+def _imports(path: Path) -> set[str]:
+    return {_local(n) for n in _raw_imports(path)}
 
 
 def _modules(package: str) -> dict[str, set[str]]:
@@ -67,7 +85,11 @@ def _under(name: str, prefix: str) -> bool:
 # (files under this folder, the imports they must not make, except these prefixes)
 RULES: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = [
     ("schemas", ("workers", "topology", "infra", "dgstream", "kafka", "ray"), ()),
-    ("workers/engine", ("workers", "kafka", "ray", "topology", "infra"), ("workers.engine",)),
+    (
+        "workers/engine",
+        ("workers", "kafka", "ray", "topology", "infra"),
+        ("workers.engine",),
+    ),
     ("workers/engine/vllm_reads", ("workers",), ("workers.engine.vllm_reads",)),
     ("workers", ("topology", "bench", "tests"), ()),
     ("infra", ("topology", "bench", "tests"), ()),
@@ -96,13 +118,13 @@ def test_no_import_crosses_a_layer(
 def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
     """The check is not vacuous: a function-level import is found too."""
     f = tmp_path / "m.py"
-    f.write_text("def f():\n    from topology.spec import x\n    import kafka.admin\n")
+    f.write_text("def f():\n    from dgstream.topology.spec import x\n    import kafka.admin\n")
     assert _imports(f) == {"topology.spec", "kafka.admin"}
 
 
 def _control_plane_reaches_cli(root: Path) -> list[str]:
-    """The imports of the command line (`topology.cli`, `from topology import cli` too, and
-    imports for typing) by a module of `topology/` outside `topology/cli/`."""
+    """The imports of the command line (`topology.cli`, `from dgstream.topology import cli`
+    too, and imports for typing) by a module of `topology/` outside `topology/cli/`."""
     crossings = []
     for path in sorted((root / "topology").rglob("*.py")):
         rel = path.relative_to(root)
@@ -111,10 +133,11 @@ def _control_plane_reaches_cli(root: Path) -> list[str]:
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
+                names.update(_local(alias.name) for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module)
-                names.update(f"{node.module}.{alias.name}" for alias in node.names)
+                module = _local(node.module)
+                names.add(module)
+                names.update(f"{module}.{alias.name}" for alias in node.names)
         crossings += [f"{rel}: import {n}" for n in sorted(names) if _under(n, "topology.cli")]
     return crossings
 
@@ -127,15 +150,19 @@ def test_the_control_plane_does_not_import_the_command_line() -> None:
 
 
 def test_the_control_plane_check_finds_a_crossing(tmp_path: Path) -> None:
-    """The check is not vacuous: a function-level `from topology import cli` and an import
-    for typing are found; the command line importing itself is not a crossing."""
+    """The check is not vacuous: a function-level `from dgstream.topology import cli` and an
+    import for typing are found; the command line importing itself is not a crossing."""
     (tmp_path / "topology" / "cli").mkdir(parents=True)
-    (tmp_path / "topology" / "spec.py").write_text("def f():\n    from topology import cli\n")
+    (tmp_path / "topology" / "spec.py").write_text(
+        "def f():\n    from dgstream.topology import cli\n"
+    )
     (tmp_path / "topology" / "controller.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-        "    from topology.cli.commands import Refused\nfrom topology import clingy\n"
+        "    from dgstream.topology.cli.commands import Refused\nfrom dgstream.topology import clingy\n"
     )
-    (tmp_path / "topology" / "cli" / "app.py").write_text("from topology.cli import commands\n")
+    (tmp_path / "topology" / "cli" / "app.py").write_text(
+        "from dgstream.topology.cli import commands\n"
+    )
     assert _control_plane_reaches_cli(tmp_path) == [
         "topology/controller.py: import topology.cli.commands",
         "topology/controller.py: import topology.cli.commands.Refused",
@@ -262,7 +289,7 @@ def test_the_wheel_leaves_bench_out() -> None:
     product's: neither bench/ nor the demo model's training (`bench.training`) matches."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert {p.rstrip("*") for p in include} == set(PACKAGES)
+    assert include == ["dgstream*"]
     for name in ("bench", "bench.training", "bench.training.loop", "bench.harness"):
         assert not any(fnmatch.fnmatchcase(name, p) for p in include), name
 
@@ -324,11 +351,12 @@ def _imported_modules(path: Path, known: set[str]) -> set[str]:
     named: set[str] = set()
     for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
-            named.update(alias.name for alias in node.names)
+            named.update(_local(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                named.add(sub if sub in known else node.module)
+                module = _local(node.module)
+                sub = f"{module}.{alias.name}"
+                named.add(sub if sub in known else module)
     out: set[str] = set()
     for name in named:
         parts = name.split(".")
@@ -375,7 +403,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_circle_inside_workers() -> None:
     """The worker's modules import each other in one direction only: the stream roles talk
-    through what the facade hands them (workers.stream.shared, the error table), not by
+    through what the facade hands them (`workers.stream.shared`, the error table), not by
     importing each other in a circle."""
     cycle = find_cycle(import_graph(ROOT, "workers"))
     assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
@@ -393,7 +421,10 @@ def test_no_import_circle_inside_the_read_path_even_for_typing() -> None:
         graph[module] = {
             m for m in files if m != module and any(_under(n, m) for n in names) and "." in m
         } - {"workers.engine.vllm_reads"}
-    assert {"workers.engine.vllm_reads.model", "workers.engine.vllm_reads.sampler"} <= set(graph)
+    assert {
+        "workers.engine.vllm_reads.model",
+        "workers.engine.vllm_reads.sampler",
+    } <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
 
@@ -404,20 +435,22 @@ def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
     pkg = tmp_path / "workers"
     (pkg / "stream").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "stream" / "__init__.py").write_text("from workers.stream.b import x\n")
-    (pkg / "stream" / "a.py").write_text("def f():\n    from workers import c\n")
+    (pkg / "stream" / "__init__.py").write_text("from dgstream.workers.stream.b import x\n")
+    (pkg / "stream" / "a.py").write_text("def f():\n    from dgstream.workers import c\n")
     (pkg / "stream" / "b.py").write_text("x = 1\n")
-    (pkg / "c.py").write_text("import workers.stream.b\n")
+    (pkg / "c.py").write_text("import dgstream.workers.stream.b\n")
     (pkg / "d.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers import c\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dgstream.workers import c\n"
         "else:\n    import json\n"
     )
-    (pkg / "e.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import workers.d\n")
+    (pkg / "e.py").write_text(
+        "import typing\nif typing.TYPE_CHECKING:\n    import dgstream.workers.d\n"
+    )
     graph = import_graph(tmp_path, "workers")
     assert graph["workers.c"] == {"workers.stream", "workers.stream.b"}
     assert graph["workers.d"] == set() and graph["workers.e"] == set()  # typing only
     assert find_cycle(graph) is None  # b imports nothing back
-    (pkg / "stream" / "b.py").write_text("from workers.stream.a import f\n")
+    (pkg / "stream" / "b.py").write_text("from dgstream.workers.stream.a import f\n")
     cycle = find_cycle(import_graph(tmp_path, "workers"))
     assert cycle is not None and cycle[0] == cycle[-1]
     assert {"workers.stream.a", "workers.c", "workers.stream.b"} <= set(cycle)
@@ -437,7 +470,7 @@ def test_the_stream_roles_do_not_import_each_other() -> None:
     ]
     assert not crossings, "\n".join(crossings)
     knows_them = sorted(m for m, names in graph.items() if names & roles)
-    assert knows_them == ["workers.stream.loop", "workers.worker"], knows_them
+    assert knows_them == ["workers.hosting.worker", "workers.stream.loop"], knows_them
 
 
 # ------------------------------------------------------------------ the worker's shape
@@ -449,8 +482,8 @@ _METHODS_PER_CLASS = 20
 
 
 def test_the_worker_facade_is_short_and_no_worker_class_is_crowded() -> None:
-    lines = len((ROOT / "workers" / "worker.py").read_text().splitlines())
-    assert lines <= _FACADE_LINES, f"workers/worker.py has {lines} lines"
+    lines = len((ROOT / "workers" / "hosting" / "worker.py").read_text().splitlines())
+    assert lines <= _FACADE_LINES, f"workers/hosting/worker.py has {lines} lines"
     crowded = []
     for path in sorted((ROOT / "workers").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -465,3 +498,86 @@ def test_the_worker_facade_is_short_and_no_worker_class_is_crowded() -> None:
                 if len(defs) > _METHODS_PER_CLASS:
                     crowded.append(f"{path.relative_to(ROOT)}: {node.name} has {len(defs)} methods")
     assert not crowded, "\n".join(crowded)
+
+
+# ------------------------------------------------------------------ one import name
+
+
+def _top_level_imports(root: Path) -> list[str]:
+    """Every import of a folder's name as a top-level package (`import workers`, `from
+    schemas import x`) in the repository's Python files: each must go through `dgstream`."""
+    found = []
+    for folder in (*SUBPACKAGES, "dgstream", "bench", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            found += [
+                f"{path.relative_to(root)}: import {n}"
+                for n in sorted(_raw_imports(path))
+                if n.split(".")[0] in SUBPACKAGES
+            ]
+    return found
+
+
+def test_one_import_name() -> None:
+    """The repository's folders are imported as `dgstream.<folder>` only, the links that
+    make them subpackages point at them, and the wheel's packages are `dgstream*` alone."""
+    found = _top_level_imports(ROOT)
+    assert not found, "\n".join(found)
+    for name in SUBPACKAGES:
+        link = ROOT / "dgstream" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
+
+
+def test_the_import_name_check_finds_a_top_level_import(tmp_path: Path) -> None:
+    """The check is not vacuous: a function-level `from schemas import x` and an `import
+    workers.y` are found; `dgstream.schemas` and a library named like a folder's module
+    (`kafka`) are not."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "a.py").write_text(
+        "import kafka\nfrom dgstream.schemas import x\ndef f():\n    from schemas import x\n"
+    )
+    (tmp_path / "bench" / "b.py").write_text("import workers.y\n")
+    assert _top_level_imports(tmp_path) == [
+        "bench/a.py: import schemas",
+        "bench/b.py: import workers.y",
+    ]
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_one_name(tmp_path: Path) -> None:
+    """Built as a user's pip builds it, the wheel holds `dgstream/` (the linked folders as
+    real files, the demo model's weights among them) and its metadata, no other top-level
+    name; its command and vLLM plugin entry point name `dgstream.` modules."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("dgstream-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"dgstream"}, tops
+    for sub in SUBPACKAGES:
+        assert f"dgstream/{sub}/__init__.py" in names, sub
+    assert "dgstream/workers/engine/weights/demo/model.safetensors" in names
+    assert "dgstream/schemas/json/request.schema.json" in names
+    (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "dgstream = dgstream.topology.cli:main" in text
+    assert "dgstream_reads = dgstream.workers.engine.vllm_reads:register" in text

@@ -14,15 +14,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ClassificationRequest, ErrorCode, FallbackId, RequestError, parse_request
-from schemas.cloudevents import (
+from dgstream.schemas import (
+    ClassificationRequest,
+    ErrorCode,
+    FallbackId,
+    RequestError,
+    parse_request,
+)
+from dgstream.schemas.cloudevents import (
     DEAD_LETTER_TYPE,
     RESULT_TYPE,
     event_headers,
     input_event_id,
     is_event_header,
 )
-from schemas.parse import request_id_hint
+from dgstream.schemas.parse import request_id_hint
 
 pytestmark = pytest.mark.unit
 

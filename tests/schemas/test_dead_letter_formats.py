@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from schemas import DeadLetter, ErrorCode, RequestError
-from schemas.dead_letter import RAW_FORMAT
+from dgstream.schemas import DeadLetter, ErrorCode, RequestError
+from dgstream.schemas.dead_letter import RAW_FORMAT
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import ErrorCode
+from dgstream.schemas import ErrorCode
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from schemas import ClassificationResult, encode_output, format_names, get_format
-from schemas.export import JSON_DIR, render
-from schemas.formats import DEFAULT_FORMAT, NoOptions, OutputFields, formats
-from schemas.formats.openai_moderation import ModerationOptions
+from dgstream.schemas import ClassificationResult, encode_output, format_names, get_format
+from dgstream.schemas.export import JSON_DIR, render
+from dgstream.schemas.formats import DEFAULT_FORMAT, NoOptions, OutputFields, formats
+from dgstream.schemas.formats.openai_moderation import ModerationOptions
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +60,7 @@ def test_every_format_has_options_a_schema_and_a_doc_row(name: str) -> None:
     assert isinstance(fmt.defaults, fmt.options)
     with pytest.raises(ValidationError):
         fmt.options.model_validate({"no_such_option": 1})
-    # Schema: the file `python -m schemas.export` writes from the format's response model.
+    # Schema: the file `python -m dgstream.schemas.export` writes from the format's response model.
     assert fmt.schema_file in render()
     committed = json.loads((JSON_DIR / fmt.schema_file).read_text(encoding="utf-8"))
     assert committed == json.loads(render()[fmt.schema_file])

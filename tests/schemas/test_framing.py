@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas import ErrorCode, RequestError
-from schemas.framing import frame, unframe
+from dgstream.schemas import ErrorCode, RequestError
+from dgstream.schemas.framing import frame, unframe
 
 pytestmark = pytest.mark.unit
 

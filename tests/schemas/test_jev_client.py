@@ -19,8 +19,13 @@ from typing import Any
 import pytest
 import typesafe_sdk as sdk  # a dev extra: CI installs it, so its absence fails
 
-from schemas import ClassificationRequest, ClassificationResult, encode_output, parse_request
-from schemas import record_id as make_record_id
+from dgstream.schemas import (
+    ClassificationRequest,
+    ClassificationResult,
+    encode_output,
+    parse_request,
+)
+from dgstream.schemas import record_id as make_record_id
 
 pytestmark = pytest.mark.unit
 
@@ -31,10 +36,10 @@ class _Stub:
     def __init__(self) -> None:
         from transformers import AutoTokenizer
 
-        from workers.engine.classifier import Classifier
-        from workers.engine.fake import FakeEngine
-        from workers.engine.models import TRAINED_DIRS
-        from workers.engine.template import ChatFormat
+        from dgstream.workers.engine.classifier import Classifier
+        from dgstream.workers.engine.fake import FakeEngine
+        from dgstream.workers.engine.models import TRAINED_DIRS
+        from dgstream.workers.engine.template import ChatFormat
 
         chat = ChatFormat(AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"])))
         self.classifier = Classifier(FakeEngine(canvas_length=256), chat)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from schemas import ClassificationResult, JevResponse, encode_output, read_output, to_jev
-from schemas.export import JSON_DIR
-from schemas.formats.jev import JevScoreAnswer
+from dgstream.schemas import ClassificationResult, JevResponse, encode_output, read_output, to_jev
+from dgstream.schemas.export import JSON_DIR
+from dgstream.schemas.formats.jev import JevScoreAnswer
 
 pytestmark = pytest.mark.unit
 

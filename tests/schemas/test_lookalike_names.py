@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import ClassificationRequest, ErrorCode, RequestError, parse_request
-from schemas.names import BIDI_CONTROLS, is_question_id, label_defect, label_key
-from schemas.request import MAX_OPTION_CHARS
+from dgstream.schemas import ClassificationRequest, ErrorCode, RequestError, parse_request
+from dgstream.schemas.names import BIDI_CONTROLS, is_question_id, label_defect, label_key
+from dgstream.schemas.request import MAX_OPTION_CHARS
 
 pytestmark = pytest.mark.unit
 
@@ -114,7 +114,7 @@ def test_a_jev_body_is_held_to_the_same_rules() -> None:
         "state": {"text": "hi"},
         "questions": {"tone": {"type": "choice", "criteria": {"calm": None, "CALM\u200b": None}}},
     }
-    from schemas import FallbackId
+    from dgstream.schemas import FallbackId
 
     err = parse_request(json.dumps(body).encode(), fallback_id=FallbackId("k", "key"))
     assert isinstance(err, RequestError)
@@ -274,7 +274,7 @@ def test_a_valid_question_id_is_its_own_normal_form(qid: str) -> None:
 
 def test_the_invisible_table_is_unicodes_default_ignorable_set() -> None:
     regex = pytest.importorskip("regex")
-    from schemas.names import _is_default_ignorable
+    from dgstream.schemas.names import _is_default_ignorable
 
     ignorable = regex.compile(r"\p{Default_Ignorable_Code_Point}")
     for cp in range(0x110000):
@@ -294,7 +294,7 @@ def test_every_format_character_is_looked_at() -> None:
     """Python's own data (Unicode 14 on 3.11) and the regex module's (newer): no format
     character, line break or surrogate escapes `label_defect`'s scan."""
     regex = pytest.importorskip("regex")
-    from schemas.names import _SUSPECT_RE
+    from dgstream.schemas.names import _SUSPECT_RE
 
     newer = regex.compile(r"[\p{Cf}\p{Zl}\p{Zp}\p{Cs}]")
     missed = [

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import (
+from dgstream.schemas import (
     Audit,
     ClassificationResult,
     Diagnostics,
@@ -21,8 +21,8 @@ from schemas import (
     encode_output,
     read_output,
 )
-from schemas.formats.openai_moderation import OPENAI_CATEGORIES
-from schemas.result import ChoiceAnswer, SkippedAnswer
+from dgstream.schemas.formats.openai_moderation import OPENAI_CATEGORIES
+from dgstream.schemas.result import ChoiceAnswer, SkippedAnswer
 
 pytestmark = pytest.mark.unit
 
@@ -145,7 +145,7 @@ def test_options_that_cannot_work_are_refused() -> None:
 def test_our_reader_and_the_published_schema_take_it_too() -> None:
     import jsonschema
 
-    from schemas.export import JSON_DIR
+    from dgstream.schemas.export import JSON_DIR
 
     value = encode_output(result(insult=yes_no(0.7)), "openai_moderation")
     assert isinstance(read_output(value), ModerationResponse)

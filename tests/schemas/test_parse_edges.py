@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ErrorCode,
     ParseLimits,
@@ -16,7 +16,7 @@ from schemas import (
     parse_request,
     record_id,
 )
-from schemas.parse import surrogate_path
+from dgstream.schemas.parse import surrogate_path
 
 pytestmark = pytest.mark.unit
 
@@ -423,8 +423,8 @@ def test_a_refusal_that_names_a_field_below_its_model_keeps_the_path(
 ) -> None:
     """A model-level check (a yes/no question without instructions) names the field it
     wants; that goes below the model's own path, or alone at the top."""
-    from schemas._common import SUFFIX_CTX
-    from schemas.parse import _classify
+    from dgstream.schemas._common import SUFFIX_CTX
+    from dgstream.schemas.parse import _classify
 
     code, _, path = _classify(
         {
@@ -489,8 +489,8 @@ _LONG = "s" * (70 * 1024)  # past HINT_LOAD_BYTES (64 KiB)
     ],
 )
 def test_a_long_message_is_scanned_for_its_id(raw: bytes, hint: str | None) -> None:
-    from schemas import request_id_hint
-    from schemas.parse import HINT_LOAD_BYTES
+    from dgstream.schemas import request_id_hint
+    from dgstream.schemas.parse import HINT_LOAD_BYTES
 
     assert len(raw) > HINT_LOAD_BYTES
     assert request_id_hint(raw) == hint
@@ -512,7 +512,7 @@ def test_the_id_hint_of_a_bomb_allocates_next_to_nothing(raw: bytes) -> None:
     has been read)."""
     import tracemalloc
 
-    from schemas import request_id_hint
+    from dgstream.schemas import request_id_hint
 
     tracemalloc.start()
     try:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ClassificationResult,
     DeadLetter,
@@ -352,8 +352,8 @@ def test_a_long_message_gives_the_id_hint_a_short_one_gives(
 ) -> None:
     """Past HINT_LOAD_BYTES the hint is scanned, not parsed; it must say what parsing says
     (the request's id; an event's data.id, else its id), wherever the padding lies."""
-    from schemas import request_id_hint
-    from schemas.parse import HINT_LOAD_BYTES
+    from dgstream.schemas import request_id_hint
+    from dgstream.schemas.parse import HINT_LOAD_BYTES
 
     doc = {k: v for k, v in body.items() if k != _PAD}
     if ident is not None:

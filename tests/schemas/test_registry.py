@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.registry import Registry
+from dgstream.schemas.registry import Registry
 
 pytestmark = pytest.mark.unit
 

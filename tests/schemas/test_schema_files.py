@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from schemas import ClassificationRequest, ErrorCode, parse_request
-from schemas.export import JSON_DIR, main, render
+from dgstream.schemas import ClassificationRequest, ErrorCode, parse_request
+from dgstream.schemas.export import JSON_DIR, main, render
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def test_committed_schema_matches_models(name: str) -> None:
     assert set(rendered) == set(NAMES)
     committed = (JSON_DIR / name).read_text(encoding="utf-8")
     assert committed == rendered[name], (
-        f"schemas/json/{name} is stale: run `python -m schemas.export`"
+        f"schemas/json/{name} is stale: run `python -m dgstream.schemas.export`"
     )
 
 
@@ -58,7 +58,7 @@ def test_check_mode_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_module_check_passes_on_committed_files() -> None:
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
-        [sys.executable, "-m", "schemas.export", "--check"],
+        [sys.executable, "-m", "dgstream.schemas.export", "--check"],
         cwd=root,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from schemas import (
+from dgstream.schemas import (
     DEFAULT_LIMITS,
     SCHEMA_VERSION,
     ChoiceAnswer,

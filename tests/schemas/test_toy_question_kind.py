@@ -13,11 +13,11 @@ from typing import Any, ClassVar, Literal
 import pytest
 from pydantic import Field
 
-from schemas import ClassificationRequest, ClassificationResult, ErrorCode, parse_request
-from schemas._common import WireModel
-from schemas.export import render
-from schemas.formats.jev import to_jev
-from schemas.kinds import (
+from dgstream.schemas import ClassificationRequest, ClassificationResult, ErrorCode, parse_request
+from dgstream.schemas._common import WireModel
+from dgstream.schemas.export import render
+from dgstream.schemas.formats.jev import to_jev
+from dgstream.schemas.kinds import (
     Aggregated,
     Answered,
     Kind,
@@ -30,11 +30,16 @@ from schemas.kinds import (
     register,
     unregister,
 )
-from schemas.kinds._base import heading
-from workers.calibration import Calibration, Calibrator, QuestionCalibration, distribution
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.engine.template import labels_and_answers, system_text
-from workers.routes import Route, Router, check_routes
+from dgstream.schemas.kinds._base import heading
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.engine.template import labels_and_answers, system_text
+from dgstream.workers.results.calibration import (
+    Calibration,
+    Calibrator,
+    QuestionCalibration,
+    distribution,
+)
+from dgstream.workers.routes import Route, Router, check_routes
 
 pytestmark = pytest.mark.unit
 

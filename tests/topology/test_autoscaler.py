@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology.autoscaler import Autoscaler, Decision, Policy
+from dgstream.topology.autoscaler import Autoscaler, Decision, Policy
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """One config model: what a pipeline says is declared once, in
-`workers.settings.PipelineFields`, which the topology's `PipelineSpec` and the worker's
+`workers.hosting.settings.PipelineFields`, which the topology's `PipelineSpec` and the worker's
 `WorkerSettings` both inherit; the worker's settings are built from the spec by one path
 (`Topology.worker_settings` -> `WorkerSettings.from_spec`). Every spec field reaches a worker
 setting or is marked control-plane only, and every worker setting comes from the spec or is
@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, create_model
 
-from topology.spec import (
+from dgstream.topology.spec import (
     CONTROL_PLANE_ONLY,
     SPEC_TO_WORKER,
     PipelineSpec,
@@ -22,8 +22,8 @@ from topology.spec import (
     load_topology,
     parse_topology,
 )
-from workers.kafka_settings import KafkaConnection
-from workers.settings import RUNTIME_ONLY, PipelineFields, WorkerSettings
+from dgstream.workers.hosting.settings import RUNTIME_ONLY, PipelineFields, WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = pytest.mark.unit
 
@@ -101,7 +101,7 @@ def test_the_controller_builds_settings_through_the_one_path(
     """`PipelineRunner.worker_settings` -> `Topology.worker_settings` ->
     `WorkerSettings.from_spec`, which copies `PipelineFields` by name; the builder passes
     exactly the spec's renamed fields and runtime-only ones."""
-    from topology.controller import PipelineRunner
+    from dgstream.topology.controller import PipelineRunner
 
     topo = _topology()
     spec = topo.pipelines[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology.autoscaler import Autoscaler, Policy
+from dgstream.topology.autoscaler import Autoscaler, Policy
 
 pytestmark = pytest.mark.unit
 

@@ -20,8 +20,8 @@ from cli_runner import run_cli
 from bench.harness.ray_cluster import pipeline_status, running_controller, timeline
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from workers.actor import replica_prefix
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.hosting.actor import replica_prefix
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -76,7 +76,7 @@ def _controller_metrics(cluster: Any, deployment: str) -> str:
     import ray
     from ray.util.state import list_actors
 
-    from topology.controller import controller_name
+    from dgstream.topology.controller import controller_name
 
     (actor,) = list_actors(
         address=cluster.address,

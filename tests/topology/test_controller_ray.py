@@ -35,7 +35,7 @@ from bench.harness.spike import (
     unique,
 )
 from bench.harness.waiting import wait_for
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -215,7 +215,7 @@ OUTAGE_S = SCALE_IN_S + 10  # longer than the scale-in window
 
 
 def test_broker_outage_is_not_a_reason_to_scale_in(gpu_cluster: Any, tmp_path: Path) -> None:
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     home = tmp_path / "kafka"
     info = broker.start(home, port=0)

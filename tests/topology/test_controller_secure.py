@@ -26,7 +26,7 @@ from bench.harness.pipeline import OutputReader
 from bench.harness.ray_cluster import describe_workers, pipeline_status, running_controller
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from workers.actor import replica_prefix
+from dgstream.workers.hosting.actor import replica_prefix
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -150,7 +150,7 @@ def test_a_wrong_password_stops_dgstream_run_with_the_reason(
 ) -> None:
     import ray
 
-    from topology.controller import get_controller
+    from dgstream.topology.controller import get_controller
 
     name = unique("tlsbad")
     topo = _topology(secure_broker, name, sasl_password_env=WRONG_PASSWORD_ENV)
@@ -178,9 +178,9 @@ def test_worker_actor_reports_a_variable_missing_on_its_node(
 ) -> None:
     import ray
 
-    from workers.actor import create_worker
-    from workers.engine.factory import EngineSettings
-    from workers.settings import WorkerSettings
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.hosting.actor import create_worker
+    from dgstream.workers.hosting.settings import WorkerSettings
 
     def settings(**kafka: Any) -> WorkerSettings:
         return WorkerSettings(

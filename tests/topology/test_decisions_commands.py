@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from topology.cli.decisions import _report, _tally
-from workers.calibration import Calibration, tempered
+from dgstream.topology.cli.decisions import _report, _tally
+from dgstream.workers.results.calibration import Calibration, tempered
 
 pytestmark = pytest.mark.unit
 
@@ -147,8 +147,8 @@ def test_compare_tallies_agreement_confusion_shifts_and_routes() -> None:
 
 
 def test_tail_shows_a_moderation_result_on_one_line() -> None:
-    from schemas import ClassificationResult, encode_output, read_output
-    from topology.cli.commands import _result_line
+    from dgstream.schemas import ClassificationResult, encode_output, read_output
+    from dgstream.topology.cli.commands import _result_line
 
     res = ClassificationResult.model_validate(_result("r9", 0.93))
     line = _result_line(read_output(encode_output(res, "openai_moderation")), None)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from topology.spec import SpecError, load_topology, parse_topology, read_topology
-from workers.calibration import Calibration, QuestionCalibration
+from dgstream.topology.spec import SpecError, load_topology, parse_topology, read_topology
+from dgstream.workers.results.calibration import Calibration, QuestionCalibration
 
 pytestmark = pytest.mark.unit
 
@@ -129,8 +129,8 @@ def test_moderation_references_are_checked(moderation: dict[str, Any], words: st
 
 
 def test_the_controller_hands_the_decision_settings_to_its_workers() -> None:
-    from topology.controller import PipelineRunner
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.topology.controller import PipelineRunner
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     data = _with_shadow(calibration=json.loads(CAL.model_dump_json()))
     data["tracing"] = {"enabled": True, "endpoint": "http://127.0.0.1:4318/v1/traces"}

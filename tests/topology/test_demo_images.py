@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from schemas import RequestError, parse_request
-from topology import demo_tasks
-from topology.demo_tasks import images
-from workers.engine.types import EngineInfo
-from workers.engine.vision import image_patches
-from workers.images.decode import decode_image
-from workers.images.gate import InputGate
-from workers.images.settings import ImageSettings
+from dgstream.schemas import RequestError, parse_request
+from dgstream.topology import demo_tasks
+from dgstream.topology.demo_tasks import images
+from dgstream.workers.engine.types import EngineInfo
+from dgstream.workers.engine.vision import image_patches
+from dgstream.workers.images.decode import decode_image
+from dgstream.workers.images.gate import InputGate
+from dgstream.workers.images.settings import ImageSettings
 
 pytestmark = pytest.mark.unit
 
@@ -170,7 +170,7 @@ def test_same_seed_same_bytes_in_another_process() -> None:
     seeds = [0, 7, 12345, demo_tasks.HELD_OUT_BASE + 3]
     here = json.dumps([images.image_example(s).request for s in seeds], sort_keys=True)
     code = (
-        "import json, sys; from topology.demo_tasks import images; "
+        "import json, sys; from dgstream.topology.demo_tasks import images; "
         f"sys.stdout.write(json.dumps([images.image_example(s).request for s in {seeds}], "
         "sort_keys=True))"
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ClassificationResult,
     JevResponse,
@@ -21,11 +21,11 @@ from schemas import (
     parse_request,
     read_output,
 )
-from schemas import record_id as make_record_id
-from topology import demo_tasks
-from topology.spec import load_topology
-from workers.engine.factory import build_classifier
-from workers.routes import DEFAULT_ROUTE, Router
+from dgstream.schemas import record_id as make_record_id
+from dgstream.topology import demo_tasks
+from dgstream.topology.spec import load_topology
+from dgstream.workers.engine.factory import build_classifier
+from dgstream.workers.routes import DEFAULT_ROUTE, Router
 
 pytestmark = pytest.mark.model
 

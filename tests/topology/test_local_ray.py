@@ -1,4 +1,4 @@
-"""Every Ray this project starts on a machine has a temp dir of its own (topology.local_ray):
+"""Every Ray this project starts on a machine has a temp dir of its own (`topology.local_ray`):
 the tests' clusters start where Ray never ran (no `$TMPDIR/ray`, no `/tmp/ray`), write Ray's
 "current cluster" file only in their own directory, and leave nothing behind."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from topology.local_ray import private_ray_tmp, short_temp_dir
+from dgstream.topology.local_ray import private_ray_tmp, short_temp_dir
 
 
 @pytest.fixture

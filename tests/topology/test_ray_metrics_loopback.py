@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from bench.harness.waiting import wait_for
-from topology.local_ray import LOOPBACK_ONLY_ENV, loopback_only
+from dgstream.topology.local_ray import LOOPBACK_ONLY_ENV, loopback_only
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHILD = """
 import json, sys
 import ray
-from topology.local_ray import private_ray_tmp, start_local_ray
+from dgstream.topology.local_ray import private_ray_tmp, start_local_ray
 with private_ray_tmp("dgmet-") as tmp:
     ctx = start_local_ray(str(tmp), "dgstream-metrics-test")
     (node,) = ray.nodes()

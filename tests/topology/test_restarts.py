@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from topology.restarts import RestartBackoff
+from dgstream.topology.restarts import RestartBackoff
 
 pytestmark = pytest.mark.unit
 

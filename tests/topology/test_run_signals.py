@@ -19,7 +19,7 @@ import yaml
 from bench.harness.ray_cluster import pipeline_status
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _controller(topo: dict[str, Any]) -> Any:
     import ray
 
-    from topology.controller import controller_name
+    from dgstream.topology.controller import controller_name
 
     try:
         return ray.get_actor(controller_name(topo["ray"]["deployment"]), topo["ray"]["namespace"])
@@ -75,7 +75,7 @@ def test_run_drains_and_exits_0_when_stopped(
     )
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(topo))
-    cmd = [sys.executable, "-m", "topology.cli", "run", str(path), "--address"]
+    cmd = [sys.executable, "-m", "dgstream.topology.cli", "run", str(path), "--address"]
     cmd += [gpu_cluster.address, "--interval", "1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # Started as a shell starts a background job, SIGINT ignored: Ctrl-C must work anyway.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from topology.spec import SpecError, load_topology, parse_topology
+from dgstream.topology.spec import SpecError, load_topology, parse_topology
 
 pytestmark = pytest.mark.unit
 
@@ -128,7 +128,7 @@ def test_routes_and_output_format_load() -> None:
 def test_secrets_are_named_never_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kafka section IS the connection settings, with the password by name: read from
     the environment where a client is built, never held by the topology."""
-    from workers.kafka_settings import KafkaConnection, MissingSecret
+    from dgstream.workers.kafka.settings import KafkaConnection, MissingSecret
 
     topo = load_topology(EXAMPLES / "moderation.yaml")
     assert isinstance(topo.kafka, KafkaConnection)
@@ -153,16 +153,16 @@ def test_a_password_in_the_file_is_refused_without_echoing_it(field: str) -> Non
 
 
 def test_configuration_page_is_up_to_date() -> None:
-    from topology.docs import main
+    from dgstream.topology.docs import main
 
-    assert main(["--check"]) == 0, "run: python -m topology.docs"
+    assert main(["--check"]) == 0, "run: python -m dgstream.topology.docs"
 
 
 def test_the_controller_creates_the_route_topics(monkeypatch: pytest.MonkeyPatch) -> None:
     """The controller's topic setup (step 0 of its tick) with Kafka's admin call recorded:
     route topics are made like the output topic."""
-    import workers.kafka_admin
-    from topology.controller import PipelineRunner
+    import dgstream.workers.kafka.admin
+    from dgstream.topology.controller import PipelineRunner
 
     made: dict[str, int] = {}
 
@@ -170,7 +170,7 @@ def test_the_controller_creates_the_route_topics(monkeypatch: pytest.MonkeyPatch
         made.update(topics)
         return {}
 
-    monkeypatch.setattr(workers.kafka_admin, "ensure_topics", record)
+    monkeypatch.setattr(dgstream.workers.kafka.admin, "ensure_topics", record)
     topo = load_topology(EXAMPLES / "jev-routes.yaml")
     (spec,) = topo.pipelines
     runner = PipelineRunner(topo, spec, topo.kafka, "spec-test")
@@ -190,7 +190,7 @@ def test_the_controller_creates_the_route_topics(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
 def test_compression_type_reaches_the_workers_producer(codec: str) -> None:
-    from topology.controller import PipelineRunner
+    from dgstream.topology.controller import PipelineRunner
 
     data = _base()
     data["pipelines"][0]["compression_type"] = codec

@@ -23,11 +23,11 @@ from cli_runner import run_cli
 from bench.harness.ray_cluster import pipeline_status, ray_cluster, running_controller, timeline
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from topology.cli.app import _failing_text
-from topology.controller import PipelineRunner, RestartLoops, _Replica
-from topology.spec import parse_topology
-from workers.actor import replica_prefix
-from workers.kafka_settings import KafkaConnection
+from dgstream.topology.cli.app import _failing_text
+from dgstream.topology.controller import PipelineRunner, RestartLoops, _Replica
+from dgstream.topology.spec import parse_topology
+from dgstream.workers.hosting.actor import replica_prefix
+from dgstream.workers.kafka.settings import KafkaConnection
 
 # ------------------------------------------------------------------ unit: the rules
 

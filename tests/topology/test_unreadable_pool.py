@@ -20,10 +20,10 @@ from support import segments
 from bench.harness.ray_cluster import pipeline_status, ray_cluster, running_controller, timeline
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from infra.kafka.broker import BrokerInfo
-from workers.actor import replica_prefix
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
+from dgstream.infra.kafka.broker import BrokerInfo
+from dgstream.workers.hosting.actor import replica_prefix
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 

@@ -29,8 +29,8 @@ from bench.harness.pipeline import count_duplicates
 from bench.harness.ray_cluster import kill_workers, pipeline_status, timeline
 from bench.harness.spike import pipeline_io, request_value, topology, unique
 from bench.harness.waiting import wait_for
-from workers.actor import replica_prefix
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.hosting.actor import replica_prefix
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ BATCH = 150
 def _controller(topo: dict[str, Any]) -> Any:
     import ray
 
-    from topology.controller import controller_name
+    from dgstream.topology.controller import controller_name
 
     try:
         return ray.get_actor(controller_name(topo["ray"]["deployment"]), topo["ray"]["namespace"])
@@ -51,7 +51,7 @@ def _controller(topo: dict[str, Any]) -> Any:
 
 
 def _run(path: Path, address: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "topology.cli", "run", str(path), "--address", address]
+    cmd = [sys.executable, "-m", "dgstream.topology.cli", "run", str(path), "--address", address]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [*cmd, "--interval", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE

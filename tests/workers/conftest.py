@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bench.harness.pipeline import INPUT_PARTITIONS, Pipeline, WorkerThread
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 
 @pytest.fixture
@@ -57,11 +57,11 @@ def ray_cluster() -> Iterator[Any]:
     Ray clusters of their own, which a process still connected to this one cannot.
 
     `address="local"` starts a new one even when another Ray instance runs on the machine,
-    and its own temp dir (topology.local_ray) keeps their files apart; `ray.shutdown()`
+    and its own temp dir (dgstream.topology.local_ray) keeps their files apart; `ray.shutdown()`
     stops its processes."""
     import ray
 
-    from topology.local_ray import private_ray_tmp
+    from dgstream.topology.local_ray import private_ray_tmp
 
     with private_ray_tmp("dgray-") as temp_dir:
         ctx = ray.init(

@@ -27,11 +27,11 @@ def main() -> int:
     import ray
     from kafka import KafkaProducer
 
-    from topology.local_ray import private_ray_tmp
-    from workers.actor import create_worker
-    from workers.engine.factory import EngineSettings
-    from workers.kafka_settings import KafkaConnection
-    from workers.settings import WorkerSettings
+    from dgstream.topology.local_ray import private_ray_tmp
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.hosting.actor import create_worker
+    from dgstream.workers.hosting.settings import WorkerSettings
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     with private_ray_tmp("dgdash-") as temp_dir:
         ctx = ray.init(

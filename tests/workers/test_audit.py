@@ -10,11 +10,17 @@ from typing import Any
 
 import pytest
 
-from schemas import Audit, ClassificationRequest, digest, parse_request
-from workers.audit import Auditor, checkpoint_of, content_hash, engine_fields, routes_hash
-from workers.engine.factory import EngineSettings, model_dir
-from workers.engine.template import PROMPT_TEMPLATE_VERSION
-from workers.routes import Route
+from dgstream.schemas import Audit, ClassificationRequest, digest, parse_request
+from dgstream.workers.engine.factory import EngineSettings, model_dir
+from dgstream.workers.engine.template import PROMPT_TEMPLATE_VERSION
+from dgstream.workers.results.audit import (
+    Auditor,
+    checkpoint_of,
+    content_hash,
+    engine_fields,
+    routes_hash,
+)
+from dgstream.workers.routes import Route
 
 pytestmark = pytest.mark.unit
 
@@ -44,9 +50,9 @@ def _request(raw: bytes = REQUEST) -> ClassificationRequest:
 def test_the_prompt_template_version_is_pinned_to_what_is_rendered() -> None:
     from transformers import AutoTokenizer
 
-    from workers.engine.classifier import Classifier
-    from workers.engine.fake import FakeEngine
-    from workers.engine.template import ChatFormat
+    from dgstream.workers.engine.classifier import Classifier
+    from dgstream.workers.engine.fake import FakeEngine
+    from dgstream.workers.engine.template import ChatFormat
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(DEMO)))
     seen: list[Any] = []

@@ -19,8 +19,8 @@ import pytest
 from bench.harness.bombs import Send, byte_bomb, json_bomb, produce
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.kafka_settings import KafkaConnection
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -43,14 +43,14 @@ def _letters(p: Pipeline, n: int, read_committed: bool = False) -> list[DeadLett
 
 def test_the_worker_reads_its_batches_within_the_bound(kafka_connection: KafkaConnection) -> None:
     """The worker's consumer (`make_consumer`) is bounded: every test below relies on it."""
-    from workers.stream.ownership import make_consumer
+    from dgstream.workers.stream.ownership import make_consumer
 
     p = Pipeline(kafka_connection, input="in-x", output="out-x", dead="dlq-x", group="g-x")
     consumer = make_consumer(p.settings(), "bound-check")
     try:
         bounded = consumer._fetcher.PartitionRecords
         assert getattr(bounded, "_dgstream_bounded", False), (
-            "make_consumer must call workers.inputs.bound_consumer(consumer, settings)"
+            "make_consumer must call workers.steps.inputs.bound_consumer(consumer, settings)"
         )
     finally:
         consumer.close()

@@ -1,5 +1,5 @@
-"""Record batches read within a bound (`workers.kafka_quirks.bound_batches`,
-`workers.decompress`), without a broker: batches built by kafka-python's own builder, read
+"""Record batches read within a bound (`workers.kafka.quirks.bound_batches`,
+`workers.kafka.decompress`), without a broker: batches built by kafka-python's own builder, read
 by kafka-python's own fetcher code (`Fetcher.PartitionRecords`) with the bound in place.
 
 Within the bound a batch reads exactly as kafka-python reads it (every codec, hostile
@@ -20,13 +20,19 @@ from kafka import TopicPartition
 from kafka.consumer.fetcher import Fetcher
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
-from schemas import ErrorCode, FallbackId
-from workers.decompress import CutValue, OverBound, Undecodable, UnreadBatch, decompress
-from workers.inputs import BATCH_RECORDS_AT_LIMIT, InputReader, bounds
-from workers.kafka_quirks import bound_batches
-from workers.metrics import WorkerMetrics
-from workers.poll_errors import unreadable_batch
-from workers.settings import WorkerSettings
+from dgstream.schemas import ErrorCode, FallbackId
+from dgstream.workers.faults.poll_errors import unreadable_batch
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.decompress import (
+    CutValue,
+    OverBound,
+    Undecodable,
+    UnreadBatch,
+    decompress,
+)
+from dgstream.workers.kafka.quirks import bound_batches
+from dgstream.workers.steps.inputs import BATCH_RECORDS_AT_LIMIT, InputReader, bounds
 
 pytestmark = pytest.mark.unit
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ClassificationResult, Diagnostics
-from schemas.result import ChoiceAnswer, ScoreAnswer, SkippedAnswer, YesNoAnswer
-from workers.calibration import (
+from dgstream.schemas import ClassificationResult, Diagnostics
+from dgstream.schemas.result import ChoiceAnswer, ScoreAnswer, SkippedAnswer, YesNoAnswer
+from dgstream.workers.results.calibration import (
     T_MAX,
     T_MIN,
     Calibration,

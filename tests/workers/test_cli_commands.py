@@ -19,7 +19,7 @@ from bench.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.broker]
 
-CLI = [sys.executable, "-m", "topology.cli"]
+CLI = [sys.executable, "-m", "dgstream.topology.cli"]
 QUESTIONS = {"toxic": {"type": "noul", "instructions": "Is it toxic?"}}
 
 
@@ -121,7 +121,7 @@ def test_produce_sends_jev_bodies_and_tail_reads_jev_results(pipeline: Pipeline)
     record's key."""
     from kafka import KafkaProducer
 
-    from schemas import JevResponse
+    from dgstream.schemas import JevResponse
 
     boot = ",".join(pipeline.conn.bootstrap_servers)
     examples = Path(__file__).resolve().parents[2] / "topology" / "examples"

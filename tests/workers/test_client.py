@@ -101,11 +101,11 @@ def _reply_as(pipeline: Pipeline, formats: dict[str, str]) -> None:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from transformers import AutoTokenizer
 
-    from schemas import ClassificationRequest, encode_output, parse_request, record_id
-    from workers.engine.classifier import Classifier
-    from workers.engine.fake import FakeEngine
-    from workers.engine.models import TRAINED_DIRS
-    from workers.engine.template import ChatFormat
+    from dgstream.schemas import ClassificationRequest, encode_output, parse_request, record_id
+    from dgstream.workers.engine.classifier import Classifier
+    from dgstream.workers.engine.fake import FakeEngine
+    from dgstream.workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.template import ChatFormat
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"])))
     classifier = Classifier(FakeEngine(canvas_length=256), chat)

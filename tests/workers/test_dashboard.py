@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.ray, pytest.mark.broker, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ def _free_port() -> int:
 def test_dashboard_lists_workers_and_metrics(
     kafka_connection: KafkaConnection, unique_name: Callable[[str], str]
 ) -> None:
-    from workers.kafka_admin import ensure_topics
+    from dgstream.workers.kafka.admin import ensure_topics
 
     inp, out, dead, group = (unique_name(x) for x in ("in", "out", "dlq", "g"))
     ensure_topics(kafka_connection, {inp: 2, out: 1, dead: 1})

@@ -15,8 +15,8 @@ from cli_runner import run_cli
 
 from bench.harness.faults import set_topic_config
 from bench.harness.pipeline import OutputReader, Pipeline, WorkerThread
-from schemas import DeadLetter, ErrorCode
-from schemas.dead_letter import RAW_FORMAT
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.schemas.dead_letter import RAW_FORMAT
 
 pytestmark = pytest.mark.broker
 

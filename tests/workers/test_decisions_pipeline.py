@@ -15,8 +15,8 @@ from cli_runner import run_cli
 
 from bench.harness.pipeline import INLINE, Pipeline, WorkerThread
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.calibration import Calibration, QuestionCalibration, tempered
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.results.calibration import Calibration, QuestionCalibration, tempered
 
 pytestmark = pytest.mark.broker
 
@@ -167,7 +167,7 @@ def test_results_are_audited_calibrated_and_cloudevents_both_ways(
     from cloudevents.v1.kafka import KafkaMessage, from_binary, to_structured
 
     urgent = pipeline.output + ".urgent"
-    from workers.kafka_admin import ensure_topics
+    from dgstream.workers.kafka.admin import ensure_topics
 
     ensure_topics(pipeline.conn, {urgent: 1})
     routes = [{"name": "urgent", "when": "urgent.p_yes >= 0.5", "topic": urgent}]
@@ -259,9 +259,9 @@ def test_openai_moderation_results_are_read_by_the_openai_sdk(
 def test_a_shadow_of_the_demo_model_is_compared_with_its_primary(
     pipeline: Pipeline, worker_threads: list[WorkerThread], unique_name: Any
 ) -> None:
-    from topology.demo_tasks import sample_events
-    from workers.engine.factory import EngineSettings
-    from workers.kafka_admin import ensure_topics
+    from dgstream.topology.demo_tasks import sample_events
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.kafka.admin import ensure_topics
 
     block, shadow_out = unique_name("block"), unique_name("shadow")
     ensure_topics(pipeline.conn, {block: 3, shadow_out: 3, shadow_out + ".dlq": 1})

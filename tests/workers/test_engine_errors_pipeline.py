@@ -33,8 +33,8 @@ from bench.harness.pipeline import (
     request_bytes,
 )
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.engine.types import Read, ReadResult, RecoverableEngineError
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.engine.types import Read, ReadResult, RecoverableEngineError
 
 pytestmark = pytest.mark.broker
 

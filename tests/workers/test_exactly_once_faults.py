@@ -94,10 +94,10 @@ def test_a_zombie_commits_no_offsets_after_its_generation_was_reset(
     carrying those against nothing. The committer must refuse it."""
     from kafka import TopicPartition
 
-    from workers.batches import Batch, Entry, Output
-    from workers.commit import ExactlyOnceCommitter, OffsetTracker
-    from workers.errors import CommitRefused
-    from workers.kafka_admin import subscribe_known
+    from dgstream.workers.commit import ExactlyOnceCommitter, OffsetTracker
+    from dgstream.workers.faults.errors import CommitRefused
+    from dgstream.workers.kafka.admin import subscribe_known
+    from dgstream.workers.steps.batches import Batch, Entry, Output
 
     conn = pipeline.conn
     # The transactional id is "<group>-zombie": the check below reads its state.
@@ -317,10 +317,10 @@ def test_offsets_of_a_refused_transaction_are_not_committed_by_the_next_one(
     offset left 23 records short that way, the records answered by the member after)."""
     from kafka import TopicPartition
 
-    from workers.batches import Batch, Entry, Output
-    from workers.commit import ExactlyOnceCommitter, OffsetTracker
-    from workers.errors import CommitRefused
-    from workers.kafka_admin import subscribe_known
+    from dgstream.workers.commit import ExactlyOnceCommitter, OffsetTracker
+    from dgstream.workers.faults.errors import CommitRefused
+    from dgstream.workers.kafka.admin import subscribe_known
+    from dgstream.workers.steps.batches import Batch, Entry, Output
 
     conn = pipeline.conn
     # A heartbeat only every 10 s: the member learns of its removal after the commit.

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
-from workers.stream.intake import FAIR_TURN_BATCHES
+from dgstream.workers.stream.intake import FAIR_TURN_BATCHES
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -27,10 +27,10 @@ from bench.harness.pipeline import (
     request_bytes,
 )
 from bench.harness.waiting import wait_for
-from infra.kafka.broker import BrokerInfo
-from infra.kafka.broker.process import find_java
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
+from dgstream.infra.kafka.broker import BrokerInfo
+from dgstream.infra.kafka.broker.process import find_java
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

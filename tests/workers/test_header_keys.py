@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
-from schemas import DeadLetter, ErrorCode, RequestError
-from schemas.headers import HeaderKey, java_text
-from workers.kafka_quirks import install
+from dgstream.schemas import DeadLetter, ErrorCode, RequestError
+from dgstream.schemas.headers import HeaderKey, java_text
+from dgstream.workers.kafka.quirks import install
 
 # Not UTF-8: a lone continuation byte, truncated sequences (inside and at the end), overlong
 # forms, encoded surrogates (as Java's modified UTF-8 writes them), past U+10FFFF, bytes no
@@ -174,7 +174,7 @@ def _java_header_keys(broker: Any, topic: str) -> list[str]:
     """The first record's header keys, as Kafka's own console consumer prints them."""
     from support.field_clients import _quiet_log4j
 
-    from infra.kafka.broker.process import find_java
+    from dgstream.infra.kafka.broker.process import find_java
 
     cmd = [
         find_java(),

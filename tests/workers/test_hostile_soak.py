@@ -26,9 +26,9 @@ from bench.harness.bombs import Send, byte_bomb, json_bomb, produce
 from bench.harness.faults import DELIVERIES
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from schemas.headers import HeaderKey
-from workers.kafka_admin import ensure_topics
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.schemas.headers import HeaderKey
+from dgstream.workers.kafka.admin import ensure_topics
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from image_files import png
 
-from schemas import ClassificationRequest, ErrorCode, RequestError, parse_request
-from workers.engine.types import EngineInfo
-from workers.images import ImageSettings, InputGate, check_images
-from workers.images.fetch import FetchRefused, fetch_image
+from dgstream.schemas import ClassificationRequest, ErrorCode, RequestError, parse_request
+from dgstream.workers.engine.types import EngineInfo
+from dgstream.workers.images import ImageSettings, InputGate, check_images
+from dgstream.workers.images.fetch import FetchRefused, fetch_image
 
 pytestmark = pytest.mark.unit
 

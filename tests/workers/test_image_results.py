@@ -24,28 +24,28 @@ from hypothesis import strategies as st
 from image_files import data_url, noisy_jpeg, png
 from kafka import TopicPartition
 
-from schemas import (
+from dgstream.schemas import (
     AuditImage,
     ClassificationRequest,
     ClassificationResult,
     YesNoAnswer,
     parse_request,
 )
-from schemas.formats.openai_moderation import OPENAI_CATEGORIES, TEXT_ONLY
-from schemas.result import Diagnostics
-from workers.batches import Batch, Entry, Output
-from workers.classify import BatchClassifier
-from workers.decisions import Decisions, RecordContext
-from workers.engine.classifier import Classifier
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.images import ImageSettings, InputGate
-from workers.images.gate import audit_url
-from workers.kafka_settings import KafkaConnection
-from workers.outputs import OutputBuilder
-from workers.routes import Route
-from workers.settings import WorkerSettings
-from workers.stream.engine_stage import with_images
-from workers.topics import TopicGuard
+from dgstream.schemas.formats.openai_moderation import OPENAI_CATEGORIES, TEXT_ONLY
+from dgstream.schemas.result import Diagnostics
+from dgstream.workers.engine.classifier import Classifier
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.images import ImageSettings, InputGate
+from dgstream.workers.images.gate import audit_url
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.results.decisions import Decisions, RecordContext
+from dgstream.workers.routes import Route
+from dgstream.workers.steps.batches import Batch, Entry, Output
+from dgstream.workers.steps.classify import BatchClassifier
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.steps.topics import TopicGuard
+from dgstream.workers.stream.engine_stage import with_images
 
 QUESTIONS = {
     "toxic": {"type": "yes_no", "instructions": "Is it toxic?"},
@@ -240,7 +240,7 @@ _TEXT_ONLY_BYTES = {
 @pytest.mark.unit
 @pytest.mark.parametrize("fmt", sorted(_TEXT_ONLY_BYTES))
 def test_a_text_only_result_keeps_its_bytes(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("workers.audit._version", lambda: "pinned")
+    monkeypatch.setattr("dgstream.workers.results.audit._version", lambda: "pinned")
     s = pipeline(output_format=fmt)
     value = _built(s, _result(0.7), None).value
     assert sha(value) == _TEXT_ONLY_BYTES[fmt], value

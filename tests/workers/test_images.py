@@ -25,12 +25,12 @@ from image_files import (
 )
 from PIL import Image
 
-from schemas import ClassificationRequest, ClassificationResult, ErrorCode, RequestError
-from schemas import parse_request as _parse
-from workers.classify import BatchClassifier
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.engine.types import EngineInfo
-from workers.images import ImageSettings, InputGate, check_images
+from dgstream.schemas import ClassificationRequest, ClassificationResult, ErrorCode, RequestError
+from dgstream.schemas import parse_request as _parse
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.engine.types import EngineInfo
+from dgstream.workers.images import ImageSettings, InputGate, check_images
+from dgstream.workers.steps.classify import BatchClassifier
 
 pytestmark = pytest.mark.unit
 

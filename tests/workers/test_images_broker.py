@@ -10,7 +10,7 @@ import pytest
 from image_files import data_url, png, png_bomb
 
 from bench.harness.pipeline import OutputReader, Pipeline, WorkerThread, request_bytes
-from schemas import DeadLetter, ErrorCode
+from dgstream.schemas import DeadLetter, ErrorCode
 
 pytestmark = pytest.mark.broker
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from image_files import data_url, noisy_jpeg, png, png_bomb
 
-from schemas import ClassificationRequest, ClassificationResult, ErrorCode, RequestError
-from schemas import parse_request as _parse
-from workers.classify import BatchClassifier
-from workers.engine.classifier import Classifier
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.images import ImageSettings, InputGate
+from dgstream.schemas import ClassificationRequest, ClassificationResult, ErrorCode, RequestError
+from dgstream.schemas import parse_request as _parse
+from dgstream.workers.engine.classifier import Classifier
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.images import ImageSettings, InputGate
+from dgstream.workers.steps.classify import BatchClassifier
 
 pytestmark = pytest.mark.model
 

@@ -1,4 +1,4 @@
-"""The workarounds for kafka-python 3.0's private state (`workers.kafka_quirks`), without a
+"""The workarounds for kafka-python 3.0's private state (`workers.kafka.quirks`), without a
 broker: each does what it says on the state it reaches into, and nothing (no
 AttributeError) on a client without that state."""
 
@@ -13,7 +13,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError, ProducerFencedError
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from workers.kafka_quirks import (
+from dgstream.workers.kafka.quirks import (
     OFFSET_FETCH_TIMEOUT_MS,
     committed_offset,
     drop_refused_offsets,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.kafka_settings import (
+from dgstream.workers.kafka.settings import (
     KafkaConnection,
     MissingSecret,
     SaslMechanism,

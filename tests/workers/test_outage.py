@@ -18,13 +18,13 @@ from kafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from schemas import ClassificationResult, ErrorCode, RequestError, parse_request
-from workers.classify import BatchClassifier
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.engine.types import EngineUnavailable, RecoverableEngineError
-from workers.logs import get_logger
-from workers.outage import Outage, OutageClock, produce_outage
-from workers.settings import OutageTuning
+from dgstream.schemas import ClassificationResult, ErrorCode, RequestError, parse_request
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.engine.types import EngineUnavailable, RecoverableEngineError
+from dgstream.workers.faults.outage import Outage, OutageClock, produce_outage
+from dgstream.workers.hosting.logs import get_logger
+from dgstream.workers.hosting.settings import OutageTuning
+from dgstream.workers.steps.classify import BatchClassifier
 
 pytestmark = pytest.mark.unit
 
@@ -151,7 +151,7 @@ def test_an_engine_that_is_down_is_an_outage_not_a_refusal(down: Exception) -> N
 
 
 def test_the_probe_is_a_valid_request() -> None:
-    from workers.classify import PROBE
+    from dgstream.workers.steps.classify import PROBE
 
     classifier = build_classifier(EngineSettings(backend="fake"), {}, "t")
     (out,) = asyncio.run(classifier.classify([PROBE]))

@@ -13,8 +13,8 @@ import pytest
 from bench.harness.faults import DELIVERIES, DownEngine, classifier_with, delete_topic
 from bench.harness.pipeline import Pipeline, WorkerThread, check_results, count_duplicates
 from bench.harness.waiting import wait_for
-from workers.engine.types import RecoverableEngineError
-from workers.worker import WorkerFailed
+from dgstream.workers.engine.types import RecoverableEngineError
+from dgstream.workers.hosting.worker import WorkerFailed
 
 pytestmark = pytest.mark.broker
 
@@ -94,7 +94,7 @@ def test_output_topic_missing_holds_the_work_and_resumes(
 ) -> None:
     """The output topic is gone (deleted, or not created yet): every send waits for its
     metadata and times out. Once it is back, the worker answers everything."""
-    from workers.kafka_admin import ensure_topics
+    from dgstream.workers.kafka.admin import ensure_topics
 
     delete_topic(pipeline.conn, pipeline.output)
     settings = _settings(pipeline, delivery, producer={"max_block_ms": 1000})

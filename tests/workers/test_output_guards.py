@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 
-from schemas import ErrorCode
-from workers.kafka_settings import KafkaConnection
-from workers.poison import PROGRESS, Attempts, PoisonGuard, parse_attempts
-from workers.settings import PoisonTuning, WorkerSettings
-from workers.topics import BAD_TTL_S, Limit, TopicGuard, batch_size, record_size
+from dgstream.schemas import ErrorCode
+from dgstream.workers.faults.poison import PROGRESS, Attempts, PoisonGuard, parse_attempts
+from dgstream.workers.hosting.settings import PoisonTuning, WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.steps.topics import BAD_TTL_S, Limit, TopicGuard, batch_size, record_size
 
 pytestmark = pytest.mark.unit
 

@@ -14,12 +14,13 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder as Builder
 
-from schemas import DeadLetter, ErrorCode, ParseLimits, RequestError, parse_request
-from schemas.dead_letter import RAW_FORMAT
-from workers.errors import WorkerFailed
-from workers.kafka_settings import KafkaConnection
-from workers.outputs import OutputBuilder
-from workers.records import (
+from dgstream.schemas import DeadLetter, ErrorCode, ParseLimits, RequestError, parse_request
+from dgstream.schemas.dead_letter import RAW_FORMAT
+from dgstream.workers.faults.errors import WorkerFailed
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.steps.records import (
     DEAD_LETTER_CORE,
     RESULT_CORE,
     SHRUNK,
@@ -31,8 +32,7 @@ from workers.records import (
     output_headers,
     reference_floor,
 )
-from workers.settings import WorkerSettings
-from workers.topics import Limit, TopicGuard, batch_size, record_size
+from dgstream.workers.steps.topics import Limit, TopicGuard, batch_size, record_size
 
 pytestmark = pytest.mark.unit
 

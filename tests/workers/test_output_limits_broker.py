@@ -23,11 +23,11 @@ from kafka.record.util import size_of_varint
 from bench.harness.faults import DELIVERIES, LogTap
 from bench.harness.pipeline import INLINE, Pipeline, WorkerThread
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.kafka_admin import ensure_topics
-from workers.records import key_digest
-from workers.settings import WorkerSettings
-from workers.topics import TopicGuard, admin_describe
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.steps.records import key_digest
+from dgstream.workers.steps.topics import TopicGuard, admin_describe
 
 pytestmark = pytest.mark.broker
 

@@ -14,8 +14,8 @@ import pytest
 from bench.harness.faults import DELIVERIES, set_topic_config
 from bench.harness.pipeline import INLINE, Pipeline, WorkerThread, count_duplicates
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.kafka_admin import ensure_topics
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.kafka.admin import ensure_topics
 
 pytestmark = pytest.mark.broker
 

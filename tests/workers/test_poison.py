@@ -19,8 +19,8 @@ from kafka.errors import KafkaError
 from bench.harness.faults import DELIVERIES, CrashOn, classifier_with
 from bench.harness.pipeline import Pipeline, WorkerThread, count_duplicates, request_bytes
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.worker import WorkerFailed
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.hosting.worker import WorkerFailed
 
 pytestmark = pytest.mark.broker
 

@@ -9,7 +9,7 @@ import pytest
 from kafka import TopicPartition
 from kafka.errors import CorruptRecordError, KafkaTimeoutError, UnsupportedCodecError
 
-from workers.poll_errors import CAUSES, UnreadableBatch, unreadable_batch
+from dgstream.workers.faults.poll_errors import CAUSES, UnreadableBatch, unreadable_batch
 
 pytestmark = pytest.mark.unit
 
@@ -92,9 +92,9 @@ def test_an_unknown_place_is_said_so() -> None:
 
 
 def test_a_codec_refusal_in_the_bounded_reading_is_an_undecodable_batch() -> None:
-    """The worker's consumer decompresses through `workers.decompress` (its frames are
+    """The worker's consumer decompresses through `workers.kafka.decompress` (its frames are
     ours, not kafka-python's codec module): the codec's refusal is still named."""
-    from workers.decompress import Undecodable
+    from dgstream.workers.kafka.decompress import Undecodable
 
     try:
         raise Undecodable("zstd: ZstdError: Unknown frame descriptor") from ValueError("x")
@@ -108,6 +108,6 @@ def test_a_codec_refusal_in_the_bounded_reading_is_an_undecodable_batch() -> Non
 def test_a_batch_past_the_bound_is_no_poll_error() -> None:
     """It is read as far as the bound and stands as one record (dead-lettered), so its
     partition moves on: nothing about it reaches the poll as an error."""
-    from workers.decompress import OverBound
+    from dgstream.workers.kafka.decompress import OverBound
 
     assert unreadable_batch(OverBound(1 << 20, 2 << 20), _Consumer(None, 0)) is None

@@ -10,7 +10,7 @@ poll() that waits on it: a member that does not poll, or polls briefly, while it
 finishes keeps sending new JoinGroups (a new rebalance each, from the leader) and stays
 REBALANCING, refusing every commit on the client side. The worker now polls (with its
 partitions paused) whenever it waits, also while draining, and keeps a join that finished
-between polls (`workers.kafka_quirks.keep_finished_joins`)."""
+between polls (`workers.kafka.quirks.keep_finished_joins`)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _member(p: Pipeline, name: str, **overrides: Any) -> Any:
     from kafka import KafkaConsumer
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
-    from workers.kafka_admin import subscribe_known
+    from dgstream.workers.kafka.admin import subscribe_known
 
     options: dict[str, Any] = {
         "group_id": p.group,
@@ -185,7 +185,7 @@ def test_a_drain_that_starts_during_a_rebalance_finishes_it_and_commits(
     flight are committed, and the worker leaves. Before the fix the drain polled nothing:
     the join finished unseen, every commit was refused as RebalanceInProgressError, and
     the drain timed out and abandoned its batches (read and answered again later)."""
-    from workers.kafka_quirks import rejoin_pending
+    from dgstream.workers.kafka.quirks import rejoin_pending
 
     p = Pipeline.create(kafka_connection, unique_name, PARTITIONS)
     p.produce_requests(REQUESTS)

@@ -34,8 +34,8 @@ def test_a_worker_commits_nothing_while_its_rejoin_is_pending(
     from kafka import KafkaConsumer
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
-    from workers.kafka_admin import subscribe_known
-    from workers.kafka_quirks import rejoin_pending
+    from dgstream.workers.kafka.admin import subscribe_known
+    from dgstream.workers.kafka.quirks import rejoin_pending
 
     wt = WorkerThread(pipeline.settings())
     in_a_rejoin = threading.Event()  # a commit started while the worker's join was pending

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from workers.kafka_admin import ensure_topics
-from workers.kafka_settings import KafkaConnection
-from workers.records import output_headers, output_key
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.steps.records import output_headers, output_key
 
 pytestmark = pytest.mark.broker
 

@@ -9,20 +9,20 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ClassificationResult,
     JevResponse,
     parse_request,
     read_output,
 )
-from workers.batches import Batch, Entry, Output
-from workers.kafka_settings import KafkaConnection
-from workers.outputs import OutputBuilder
-from workers.records import OWN_HEADERS, output_headers, output_key
-from workers.routes import Route
-from workers.settings import WorkerSettings
-from workers.topics import TopicGuard
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.routes import Route
+from dgstream.workers.steps.batches import Batch, Entry, Output
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.steps.records import OWN_HEADERS, output_headers, output_key
+from dgstream.workers.steps.topics import TopicGuard
 
 pytestmark = pytest.mark.unit
 

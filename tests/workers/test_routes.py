@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from schemas import ClassificationResult, Question
-from workers.routes import (
+from dgstream.schemas import ClassificationResult, Question
+from dgstream.workers.routes import (
     DEFAULT_ROUTE,
     FIELDS,
     REPLY_ROUTE,

@@ -22,8 +22,8 @@ from support.registry_stub import RegistryStub
 
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter
-from schemas.framing import frame, unframe
+from dgstream.schemas import DeadLetter
+from dgstream.schemas.framing import frame, unframe
 
 pytestmark = pytest.mark.broker
 

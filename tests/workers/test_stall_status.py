@@ -17,8 +17,8 @@ import pytest
 from bench.harness.faults import DownEngine, GateEngine, LogTap, classifier_with
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from bench.harness.waiting import wait_for
-from workers.metrics import WORKER_STATES, WorkerMetrics
-from workers.status import ProgressClock, ReplicaReport, Stall
+from dgstream.workers.hosting.metrics import WORKER_STATES, WorkerMetrics
+from dgstream.workers.hosting.status import ProgressClock, ReplicaReport, Stall
 
 # ------------------------------------------------------------------ the clock (unit)
 

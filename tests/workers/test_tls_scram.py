@@ -19,8 +19,8 @@ from secure_kafka import WRONG_PASSWORD_ENV, SecureBroker
 
 from bench.harness.pipeline import INLINE, Pipeline, WorkerThread
 from dgstream import Client, KafkaConnectError, RequestFailed
-from workers.kafka_admin import ensure_topics
-from workers.kafka_probe import check_connection
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.kafka.probe import check_connection
 
 pytestmark = [pytest.mark.broker]
 
@@ -75,7 +75,7 @@ def test_a_refused_connection_says_why_at_once(
 
 
 def test_tls_only_listener_and_protocol_mismatches(secure_broker: SecureBroker) -> None:
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     tls = KafkaConnection(
         bootstrap_servers=secure_broker.ssl,
@@ -125,7 +125,7 @@ def test_worker_and_client_over_tls_and_scram(
     """(The worker's own JSON log lines go to stderr; the Ray test reads them from Ray's
     log files. capfd here would hand structlog, configured once per process, a stream that
     closes with this test.)"""
-    from topology.spec import load_topology
+    from dgstream.topology.spec import load_topology
 
     caplog.set_level(logging.DEBUG)
     p = _pipeline(secure_broker.connection(), unique_name)
@@ -257,7 +257,7 @@ def test_commands_connect_with_the_topology_or_environment_settings(
 
 
 def test_secure_broker_keeps_no_password_in_its_state(secure_broker: SecureBroker) -> None:
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     home = Path(secure_broker.info.home)
     st = broker.status(home)

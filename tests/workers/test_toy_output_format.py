@@ -13,7 +13,7 @@ import pytest
 from kafka import TopicPartition
 from pydantic import BaseModel, ConfigDict
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ClassificationResult,
     YesNoAnswer,
@@ -21,13 +21,13 @@ from schemas import (
     parse_request,
     read_output,
 )
-from schemas.formats import Format, format_names, register, unregister
-from schemas.result import Diagnostics
-from workers.batches import Batch, Entry, Output
-from workers.kafka_settings import KafkaConnection
-from workers.outputs import OutputBuilder
-from workers.settings import WorkerSettings
-from workers.topics import TopicGuard
+from dgstream.schemas.formats import Format, format_names, register, unregister
+from dgstream.schemas.result import Diagnostics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.steps.batches import Batch, Entry, Output
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.steps.topics import TopicGuard
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from workers.tracing import (
+from dgstream.workers.results.tracing import (
     RecordRef,
     Tracing,
     TracingSettings,

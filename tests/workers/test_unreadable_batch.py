@@ -15,8 +15,8 @@ from support import segments
 
 from bench.harness.pipeline import Pipeline, WorkerThread, request_bytes
 from bench.harness.waiting import wait_for
-from infra.kafka.broker import BrokerInfo
-from workers.poll_errors import UnreadableBatch
+from dgstream.infra.kafka.broker import BrokerInfo
+from dgstream.workers.faults.poll_errors import UnreadableBatch
 
 pytestmark = pytest.mark.broker
 
@@ -89,7 +89,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
     import contextlib
     import io
 
-    from topology.cli import main
+    from dgstream.topology.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -115,7 +115,7 @@ def _skip_and_resume(
     # nothing moves.
     from kafka import KafkaConsumer
 
-    from workers.kafka_admin import subscribe_known
+    from dgstream.workers.kafka.admin import subscribe_known
 
     member = KafkaConsumer(group_id=p.group, **p.conn.client_kwargs())
     subscribe_known(member, [p.output])
@@ -203,7 +203,7 @@ def test_a_batch_its_codec_refuses_stops_the_worker_as_undecodable(
     worker_threads: list[WorkerThread],
     kafka_broker: BrokerInfo,
 ) -> None:
-    """The worker's consumer decompresses within its memory bound (`workers.decompress`):
+    """The worker's consumer decompresses within its memory bound (`workers.kafka.decompress`):
     what the codec library refuses there is still UNDECODABLE_BATCH, not a worker error
     and not a bomb to dead-letter."""
     p = one_partition

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from bench.harness.pipeline import Pipeline, WorkerThread
-from schemas import ClassificationResult, record_id
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.kafka_admin import ensure_topics
-from workers.routes import Route, Router
+from dgstream.schemas import ClassificationResult, record_id
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.kafka.admin import ensure_topics
+from dgstream.workers.routes import Route, Router
 
 pytestmark = pytest.mark.broker
 
@@ -37,7 +37,7 @@ def _body(i: int) -> dict[str, Any]:
 
 def _expected(bodies: list[bytes], ids: list[str]) -> list[ClassificationResult]:
     """The fake engine's answers for the same requests, named as the worker names them."""
-    from schemas import parse_request
+    from dgstream.schemas import parse_request
 
     classifier = build_classifier(EngineSettings(backend="fake"))
     reqs = []

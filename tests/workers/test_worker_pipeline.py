@@ -21,17 +21,17 @@ from bench.harness.pipeline import (
     request_bytes,
 )
 from bench.harness.waiting import wait_for
-from schemas import DeadLetter, ErrorCode
-from workers.engine.factory import EngineSettings, build_classifier
-from workers.engine.types import (
+from dgstream.schemas import DeadLetter, ErrorCode
+from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.engine.types import (
     FatalEngineError,
     Read,
     ReadRejected,
     ReadResult,
     RecoverableEngineError,
 )
-from workers.kafka_admin import ensure_topics
-from workers.worker import WorkerFailed
+from dgstream.workers.hosting.worker import WorkerFailed
+from dgstream.workers.kafka.admin import ensure_topics
 
 pytestmark = pytest.mark.broker
 
@@ -348,7 +348,7 @@ def test_worker_fatal_engine_error_stops_without_commit_and_a_restart_answers_al
 
 
 def test_worker_stop_before_run_and_status_shape(pipeline: Pipeline) -> None:
-    from workers.worker import StreamWorker
+    from dgstream.workers.hosting.worker import StreamWorker
 
     worker = StreamWorker(pipeline.settings())
     status = worker.status()

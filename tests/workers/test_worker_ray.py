@@ -19,7 +19,7 @@ from demo_model_bar import assert_bar_met, assert_miswiring_caught
 
 from bench.harness.pipeline import INPUT_PARTITIONS, Pipeline, check_results, count_duplicates
 from bench.harness.waiting import wait_for
-from workers.engine.factory import EngineSettings
+from dgstream.workers.engine.factory import EngineSettings
 
 pytestmark = [pytest.mark.broker, pytest.mark.ray, pytest.mark.slow]
 
@@ -36,7 +36,7 @@ def _status(handle: Any) -> dict[str, Any]:
 
 
 def _start(pipeline: Pipeline, settings: list[Any]) -> list[Any]:
-    from workers.actor import create_worker
+    from dgstream.workers.hosting.actor import create_worker
 
     return [create_worker(s, name=f"{pipeline.group}-{s.replica}") for s in settings]
 
@@ -90,7 +90,7 @@ def _complete_output(pipeline: Pipeline, ids: list[str], *, read_committed: bool
 def test_worker_2000_requests_all_answered(
     ray_cluster: Any, pipeline: Pipeline, delivery: str, workers: int
 ) -> None:
-    from workers.actor import retire
+    from dgstream.workers.hosting.actor import retire
 
     settings = [pipeline.settings(replica=i, delivery=delivery) for i in range(workers)]
     handles = _start(pipeline, settings)
@@ -162,7 +162,7 @@ def test_worker_joining_and_draining_mid_run_loses_nothing(
 ) -> None:
     import ray
 
-    from workers.actor import create_worker, retire
+    from dgstream.workers.hosting.actor import create_worker, retire
 
     # 10 ms a read: the first worker alone needs about 25 s, so the second joins mid-run
     # (with 5 ms, a loaded machine once let the first answer all 2,000 before the join).
@@ -211,7 +211,7 @@ def test_trained_model_end_to_end_accuracy(ray_cluster: Any, pipeline: Pipeline)
     requests by id: every kind at the bar and the ECE within the ceiling, and mis-wired
     results (labels swapped, results shifted by one request) fail it."""
     from bench.harness.miswire import miswire_shift_results, miswire_swap_labels
-    from topology import demo_tasks
+    from dgstream.topology import demo_tasks
 
     examples = demo_tasks.held_out_examples(1, 200)
     values = [json.dumps(ex.request).encode() for ex in examples]

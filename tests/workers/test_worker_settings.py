@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from workers.engine.factory import EngineSettings
-from workers.kafka_settings import KafkaConnection
-from workers.metrics import WorkerMetrics
-from workers.settings import WorkerSettings
+from dgstream.workers.engine.factory import EngineSettings
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +99,7 @@ def test_worker_settings_refuse(overrides: dict[str, Any], message: str) -> None
 
 
 def test_worker_actor_options_from_settings() -> None:
-    from workers.actor import actor_name, actor_options
+    from dgstream.workers.hosting.actor import actor_name, actor_options
 
     s = _settings(
         replica=1,

@@ -9,10 +9,10 @@
 - `demo`: `dgstream demo`.
 
 The control plane (`topology.spec`, `topology.controller`, `topology.autoscaler`, ...) never
-imports this package (`tests/repo/test_layers.py` checks it); `python -m topology.cli` is
+imports this package (`tests/repo/test_layers.py` checks it); `python -m dgstream.topology.cli` is
 the `dgstream` command.
 """
 
-from topology.cli.app import build_parser, main
+from dgstream.topology.cli.app import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -1,7 +1,7 @@
-"""`python -m topology.cli`: the `dgstream` command."""
+"""`python -m dgstream.topology.cli`: the `dgstream` command."""
 
 import sys
 
-from topology.cli.app import main
+from dgstream.topology.cli.app import main
 
 sys.exit(main())

@@ -12,14 +12,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from topology.cli.commands import Refused as _Refused
+from dgstream.topology.cli.commands import Refused as _Refused
 
 if TYPE_CHECKING:
-    from schemas import FallbackId
+    from dgstream.schemas import FallbackId
 
 
 def _load_topology(path: str) -> Any:
-    from topology.spec import SpecError, load_topology
+    from dgstream.topology.spec import SpecError, load_topology
 
     try:
         return load_topology(path)
@@ -29,7 +29,7 @@ def _load_topology(path: str) -> Any:
 
 def _connect(spec: Any, **init_kwargs: Any) -> None:
     """`ray.init` through the topology's Ray section (token, namespace, address)."""
-    from topology.spec import SpecError
+    from dgstream.topology.spec import SpecError
 
     try:
         spec.init(**init_kwargs)
@@ -40,13 +40,13 @@ def _connect(spec: Any, **init_kwargs: Any) -> None:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     return broker.cli(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from topology.cli.demo import main as demo_main
+    from dgstream.topology.cli.demo import main as demo_main
 
     return demo_main(args.events, timeout_s=args.timeout)
 
@@ -58,7 +58,7 @@ def _ask_id(raw: bytes) -> FallbackId:
     import hashlib
     import json
 
-    from schemas import FallbackId
+    from dgstream.schemas import FallbackId
 
     try:
         body = json.dumps(
@@ -73,9 +73,9 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from schemas import ClassificationResult, RequestError, parse_request
-    from workers.engine.factory import EngineSettings, build_classifier
-    from workers.images import ImageSettings, InputGate
+    from dgstream.schemas import ClassificationResult, RequestError, parse_request
+    from dgstream.workers.engine.factory import EngineSettings, build_classifier
+    from dgstream.workers.images import ImageSettings, InputGate
 
     raw = (args.request if args.request is not None else sys.stdin.read()).encode()
     parsed = parse_request(raw, fallback_id=_ask_id(raw))
@@ -86,7 +86,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     classifier = build_classifier(settings, worker="ask")
     # Images or request-level instructions the engine would not read: refused, as the
     # worker refuses them (no fetching here: `ask` has no topology). Images it reads go to
-    # it with the request, as the worker hands them on (workers.classify).
+    # it with the request, as the worker hands them on (dgstream.workers.steps.classify).
     gate = InputGate(ImageSettings(), classifier.engine.info)
     checked = asyncio.run(gate.check([parsed]))
     if checked.refused:
@@ -98,7 +98,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
         print(json.dumps({"error": result.model_dump(mode="json")}, indent=2))
         return 2
     if args.jev:
-        from schemas import encode_output
+        from dgstream.schemas import encode_output
 
         print(json.dumps(json.loads(encode_output(result, "jev")), indent=2))
         return 0
@@ -120,12 +120,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     import ray
 
-    from topology.controller import start_controller, stop_controller
+    from dgstream.topology.controller import start_controller, stop_controller
 
     topo = _load_topology(args.topology)
     address = args.address or topo.ray.address
     _connect(topo.ray.model_copy(update={"address": address}), log_to_driver=False)
-    from topology.spec import read_topology
+    from dgstream.topology.spec import read_topology
 
     # Calibration files are read here and sent with the document (the controller's node
     # may not have them).
@@ -175,7 +175,7 @@ def _watch(ctl: Any, interval: float, deployment: str, namespace: str) -> bool:
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
-    from topology.controller import get_controller
+    from dgstream.topology.controller import get_controller
 
     while True:
         try:
@@ -227,8 +227,8 @@ def _kafka_refused(ctl: Any, timeout_s: float = 60.0) -> str | None:
 def _deployment_spec(args: argparse.Namespace) -> Any:
     """The Ray section `status` and `stop` connect with: the file's (--topology), else the
     defaults, with --address, --namespace and --deployment on top."""
-    from topology.controller import DEFAULT_NAMESPACE
-    from topology.spec import RaySpec
+    from dgstream.topology.controller import DEFAULT_NAMESPACE
+    from dgstream.topology.spec import RaySpec
 
     spec = RaySpec(address="auto", namespace=DEFAULT_NAMESPACE)
     if args.topology is not None:
@@ -248,7 +248,7 @@ def _controller_of(args: argparse.Namespace) -> Iterator[tuple[Any, Any | None]]
     that Ray for the block and disconnected after it."""
     import ray
 
-    from topology.controller import get_controller
+    from dgstream.topology.controller import get_controller
 
     spec = _deployment_spec(args)
     _connect(spec, log_to_driver=False, logging_level="WARNING")
@@ -275,7 +275,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     `dgstream run --detach`, or another host's `dgstream run`)."""
     import ray
 
-    from topology.controller import stop_controller
+    from dgstream.topology.controller import stop_controller
 
     with _controller_of(args) as (spec, ctl):
         if ctl is None:
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_broker = sub.add_parser("broker", help="start, stop or inspect the local Kafka broker")
-    from infra.kafka.broker import add_arguments as add_broker_arguments
+    from dgstream.infra.kafka.broker import add_arguments as add_broker_arguments
 
     add_broker_arguments(p_broker)
     p_broker.set_defaults(func=_cmd_broker)
@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--deployment", default=None, help="default: default")
         p.set_defaults(func=fn)
 
-    from topology.cli import commands, decisions, skip_batch
+    from dgstream.topology.cli import commands, decisions, skip_batch
 
     commands.register(sub)
     skip_batch.register(sub)

@@ -4,7 +4,7 @@ Each connects with one `KafkaConnection` (`kafka_connection`): a topology file's
 section (`--topology`), else the `DGSTREAM_KAFKA_*` variables; `--bootstrap` replaces
 only the servers, the TLS and SASL settings stay. With no servers named anywhere, the
 local broker of `dgstream broker start` is used when it runs. The connection is checked
-first (`workers.kafka_probe`), so a wrong password or an untrusted certificate is one
+first (`workers.kafka.probe`), so a wrong password or an untrusted certificate is one
 clear line, not a long wait and a traceback.
 
 `dlq` lists a dead-letter topic from its beginning to its end as of the start, then
@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationResult,
     FallbackId,
     ModerationResponse,
@@ -27,7 +27,7 @@ from schemas import (
     parse_request,
     read_output,
 )
-from schemas.kinds import kind_of_type
+from dgstream.schemas.kinds import kind_of_type
 
 
 class Refused(Exception):
@@ -44,9 +44,9 @@ def kafka_connection(args: argparse.Namespace, *, check: bool = True) -> Any:
 
     from pydantic import ValidationError
 
-    from topology.spec import SpecError, load_topology
-    from workers.kafka_probe import KafkaConnectError, check_connection
-    from workers.kafka_settings import KafkaConnection
+    from dgstream.topology.spec import SpecError, load_topology
+    from dgstream.workers.kafka.probe import KafkaConnectError, check_connection
+    from dgstream.workers.kafka.settings import KafkaConnection
 
     try:
         if args.topology:
@@ -80,7 +80,7 @@ def kafka_connection(args: argparse.Namespace, *, check: bool = True) -> Any:
 def _local_broker() -> str | None:
     """The bootstrap servers of the broker `dgstream broker start` runs from its home
     (`DGSTREAM_KAFKA_HOME`, else the repository's `.cache/kafka/run`), if it runs."""
-    from infra.kafka import broker
+    from dgstream.infra.kafka import broker
 
     try:
         st = broker.status(probe_timeout_s=2.0)
@@ -318,8 +318,8 @@ def dlq(args: argparse.Namespace) -> int:
     (value, key, headers) byte for byte to a topic, remembering where it stopped."""
     from kafka import KafkaProducer
 
-    from schemas import DeadLetter
-    from schemas.dead_letter import RAW_FORMAT
+    from dgstream.schemas import DeadLetter
+    from dgstream.schemas.dead_letter import RAW_FORMAT
 
     conn = kafka_connection(args)
     consumer, tps = _dead_letter_consumer(args, conn)

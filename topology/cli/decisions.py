@@ -1,6 +1,6 @@
 """`dgstream calibrate` and `dgstream compare`: the two commands that read results back.
 
-calibrate: fits a per-question temperature (`workers.calibration`) from labelled results and
+calibrate: fits a per-question temperature (`workers.results.calibration`) from labelled results and
 writes the calibration file a pipeline applies before its routes. The results come from a
 JSONL file of labelled examples (`{"result": <result>, "labels": {qid: answer}}` a line),
 from a JSONL file of results or from topics (`--results`, `--topic`), joined by id with a
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.kinds import get_kind
-from topology.cli.commands import Refused, add_kafka_arguments, kafka_connection
+from dgstream.schemas.kinds import get_kind
+from dgstream.topology.cli.commands import Refused, add_kafka_arguments, kafka_connection
 
 __all__ = ["calibrate", "compare", "register"]
 
@@ -42,7 +42,7 @@ def _topic_values(
     """(key, value) of every record of `topics`, from the beginning to the end as of now."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from topology.cli.commands import _records
+    from dgstream.topology.cli.commands import _records
 
     consumer = KafkaConsumer(
         enable_auto_commit=False, isolation_level="read_committed", **conn.client_kwargs()
@@ -66,7 +66,7 @@ def _topic_values(
 def _result_dict(key: bytes | None, value: bytes | str) -> tuple[str, dict[str, Any]] | None:
     """(request id, the result as a dict) of a result in any format; None for anything else.
     OpenAI's moderation shape becomes yes/no answers, one per category that was asked."""
-    from schemas import ClassificationResult, ModerationResponse, read_output
+    from dgstream.schemas import ClassificationResult, ModerationResponse, read_output
 
     try:
         res = read_output(value)
@@ -175,7 +175,7 @@ def _labelled(args: argparse.Namespace) -> list[tuple[dict[str, Any], dict[str, 
 
 def calibrate(args: argparse.Namespace) -> int:
     """Fit, print per question what the fit did, write the file."""
-    from workers.calibration import distribution, fit
+    from dgstream.workers.results.calibration import distribution, fit
 
     wanted = set(args.questions.split(",")) if args.questions else None
     by_question: dict[str, list[Any]] = {}
@@ -225,7 +225,7 @@ def _answer_and_shift(
 ) -> tuple[str, str, float, str, float, float] | None:
     """(answer in A, answer in B, the largest probability shift, the label it is on, its
     value in A, in B), or None when either is not an answer."""
-    from workers.calibration import distribution
+    from dgstream.workers.results.calibration import distribution
 
     da, db = distribution(a, raw=False), distribution(b, raw=False)
     if da is None or db is None or da.kind != db.kind:

@@ -2,7 +2,7 @@
 
 1. Start a real Kafka broker on loopback (its own state folder, a free port).
 2. Start a local Ray cluster (token authentication on, every server on 127.0.0.1, the
-   dashboard and the metrics endpoints among them: topology.local_ray).
+   dashboard and the metrics endpoints among them: dgstream.topology.local_ray).
 3. Start the moderation topology's controller; it creates the topics and starts a worker
    (a Ray actor) with the embedded demo model.
 4. Produce sample events (and one malformed message) with the truth in their metadata.
@@ -23,8 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-from schemas import ClassificationResult, DeadLetter
-from schemas.kinds import get_kind, name_of
+from dgstream.schemas import ClassificationResult, DeadLetter
+from dgstream.schemas.kinds import get_kind, name_of
 
 REQUESTS, RESULTS, DEAD = "demo.requests", "demo.results", "demo.dead-letters"
 # The checkpoint in workers/engine/weights/demo (docs/benchmarks.md has its accuracy).
@@ -32,7 +32,7 @@ DEMO_MODEL = "demo"
 
 
 def topology(bootstrap: str, model: str) -> dict[str, Any]:
-    from topology.demo_tasks import MODERATION_QUESTIONS
+    from dgstream.topology.demo_tasks import MODERATION_QUESTIONS
 
     return {
         "kafka": {"bootstrap_servers": [bootstrap]},
@@ -81,14 +81,14 @@ _QUIET_REPORT_S = 30.0
 def run_demo(
     events: int | None, ray_tmp: str, model: str = DEMO_MODEL, timeout_s: float = 600.0
 ) -> int:
-    """The demo; `ray_tmp` is the local Ray's own temp dir (topology.local_ray)."""
+    """The demo; `ray_tmp` is the local Ray's own temp dir (dgstream.topology.local_ray)."""
     import ray
 
-    from infra.kafka import broker
-    from topology.controller import start_controller
-    from topology.demo_tasks import MODERATION_QUESTIONS
-    from topology.local_ray import start_local_ray
-    from workers.kafka_admin import ensure_topics
+    from dgstream.infra.kafka import broker
+    from dgstream.topology.controller import start_controller
+    from dgstream.topology.demo_tasks import MODERATION_QUESTIONS
+    from dgstream.topology.local_ray import start_local_ray
+    from dgstream.workers.kafka.admin import ensure_topics
 
     t0 = time.perf_counter()
     home = tempfile.mkdtemp(prefix="dgstream-demo-")
@@ -150,7 +150,7 @@ def _produce(bootstrap: str, events: int | None) -> int:
     many answers to wait for."""
     from kafka import KafkaProducer
 
-    from topology.demo_tasks import sample_events
+    from dgstream.topology.demo_tasks import sample_events
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     batch = sample_events(events if events is not None else 50, seed=int(time.time()) % 997)
@@ -279,7 +279,7 @@ def main(events: int | None, timeout_s: float = 600.0) -> int:
     os.environ.setdefault(LOCAL_WORKER_NICENESS[0], LOCAL_WORKER_NICENESS[1])
     # A SIGTERM (a supervisor, a test's timeout) stops everything as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
-    from topology.local_ray import private_ray_tmp
+    from dgstream.topology.local_ray import private_ray_tmp
 
     with private_ray_tmp("dgdemo-") as ray_tmp:
         return run_demo(events, str(ray_tmp), timeout_s=timeout_s)

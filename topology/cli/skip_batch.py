@@ -16,7 +16,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from topology.cli.commands import Refused, add_kafka_arguments, kafka_connection
+from dgstream.topology.cli.commands import Refused, add_kafka_arguments, kafka_connection
 
 # How long the one fetch of the batch may take (a loopback broker answers in milliseconds;
 # a remote one under load in well under this).

@@ -6,7 +6,7 @@ This package's names are the family's public surface.
 
 from __future__ import annotations
 
-from topology.demo_tasks.check import (
+from dgstream.topology.demo_tasks.check import (
     ACCURACY_FLOOR,
     ECE_BINS,
     ECE_CEILING,
@@ -18,8 +18,8 @@ from topology.demo_tasks.check import (
     result_dict,
     score_results,
 )
-from topology.demo_tasks.events import MODERATION_QUESTIONS, sample_events
-from topology.demo_tasks.generate import (
+from dgstream.topology.demo_tasks.events import MODERATION_QUESTIONS, sample_events
+from dgstream.topology.demo_tasks.generate import (
     Example,
     example,
     generate,
@@ -30,7 +30,7 @@ from topology.demo_tasks.generate import (
     training_seeds,
     validate,
 )
-from topology.demo_tasks.images import (
+from dgstream.topology.demo_tasks.images import (
     IMAGE_KIND_OF,
     IMAGE_QUESTION_TYPES,
     ImageExample,
@@ -41,7 +41,7 @@ from topology.demo_tasks.images import (
     image_truth,
     sample_image_events,
 )
-from topology.demo_tasks.truth import (
+from dgstream.topology.demo_tasks.truth import (
     TaskQuestion,
     bucket,
     count_listed,
@@ -52,7 +52,7 @@ from topology.demo_tasks.truth import (
     topic_of,
     truth_of,
 )
-from topology.demo_tasks.words import (
+from dgstream.topology.demo_tasks.words import (
     ENGLISH,
     HELD_OUT_BASE,
     INSULTS,

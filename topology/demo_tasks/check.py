@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.kinds import name_of
-from topology.demo_tasks.generate import Example
-from topology.demo_tasks.images import IMAGE_KIND_OF, IMAGE_QUESTION_TYPES
-from topology.demo_tasks.words import KIND_OF, KINDS, QUESTION_TYPES
+from dgstream.schemas.kinds import name_of
+from dgstream.topology.demo_tasks.generate import Example
+from dgstream.topology.demo_tasks.images import IMAGE_KIND_OF, IMAGE_QUESTION_TYPES
+from dgstream.topology.demo_tasks.words import KIND_OF, KINDS, QUESTION_TYPES
 
 # Text and image question types (images.py) are scored alike.
 _ALL_KIND_OF = {**KIND_OF, **IMAGE_KIND_OF}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from topology.demo_tasks.generate import _plan, _state
-from topology.demo_tasks.truth import TaskQuestion, truth_of
-from topology.demo_tasks.words import LANGUAGES
+from dgstream.topology.demo_tasks.generate import _plan, _state
+from dgstream.topology.demo_tasks.truth import TaskQuestion, truth_of
+from dgstream.topology.demo_tasks.words import LANGUAGES
 
 # The demo's moderation question set: fixed ids and wordings, every kind.
 MODERATION_QUESTIONS: dict[str, dict[str, Any]] = {

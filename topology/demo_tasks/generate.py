@@ -8,9 +8,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.names import is_question_id
-from topology.demo_tasks.truth import TaskQuestion, is_shouting, truth_of
-from topology.demo_tasks.words import (
+from dgstream.schemas.names import is_question_id
+from dgstream.topology.demo_tasks.truth import TaskQuestion, is_shouting, truth_of
+from dgstream.topology.demo_tasks.words import (
     _DOMAINS,
     _IDS,
     _TLDS,
@@ -338,7 +338,7 @@ def validate(request: Mapping[str, Any]) -> Any:
     """`schemas.parse_request` on the request's JSON; raises ValueError if refused."""
     import json
 
-    from schemas import RequestError, parse_request
+    from dgstream.schemas import RequestError, parse_request
 
     parsed = parse_request(json.dumps(request).encode())
     if isinstance(parsed, RequestError):

@@ -27,9 +27,9 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from topology.demo_tasks.generate import Example, example, held_out_seeds
-from topology.demo_tasks.truth import TaskQuestion, bucket
-from topology.demo_tasks.words import ENGLISH, INSULTS, MAX_QUESTIONS
+from dgstream.topology.demo_tasks.generate import Example, example, held_out_seeds
+from dgstream.topology.demo_tasks.truth import TaskQuestion, bucket
+from dgstream.topology.demo_tasks.words import ENGLISH, INSULTS, MAX_QUESTIONS
 
 __all__ = [
     "COLOURS",

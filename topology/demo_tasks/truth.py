@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from topology.demo_tasks.words import (
+from dgstream.topology.demo_tasks.words import (
     _TLDS,
     ENGLISH,
     INSULTS,

@@ -1,12 +1,12 @@
 """The commit path: offset tracking and the at-least-once and exactly-once committers."""
 
-from workers.commit.committers import (
+from dgstream.workers.commit.committers import (
     AtLeastOnceCommitter,
     Committer,
     ExactlyOnceCommitter,
     Marks,
 )
-from workers.commit.offsets import OffsetTracker, Ready, commit_offsets
+from dgstream.workers.commit.offsets import OffsetTracker, Ready, commit_offsets
 
 __all__ = [
     "AtLeastOnceCommitter",

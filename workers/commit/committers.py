@@ -21,10 +21,10 @@ from kafka.errors import (
     ProducerFencedError,
 )
 
-from workers.batches import Batch, Output
-from workers.commit.offsets import Ready, commit_offsets
-from workers.errors import CommitRefused, OutputFailed, WorkerFailed
-from workers.kafka_quirks import drop_refused_offsets
+from dgstream.workers.commit.offsets import Ready, commit_offsets
+from dgstream.workers.faults.errors import CommitRefused, OutputFailed, WorkerFailed
+from dgstream.workers.kafka.quirks import drop_refused_offsets
+from dgstream.workers.steps.batches import Batch, Output
 
 __all__ = ["AtLeastOnceCommitter", "Committer", "ExactlyOnceCommitter", "bounded"]
 
@@ -32,7 +32,7 @@ _T = TypeVar("_T")
 
 
 # tp -> (offset, metadata): a commit that records something beside the offset (the
-# poison guard's attempt counts, `workers.poison`).
+# poison guard's attempt counts, `workers.faults.poison`).
 Marks = Mapping[TopicPartition, tuple[int, str]]
 
 
@@ -48,7 +48,7 @@ class Committer(Protocol):
 
 
 # tp, offset -> the metadata of an ordinary commit of that offset (the poison guard's
-# count, `workers.poison.PoisonGuard.progress`); none by default.
+# count, `workers.faults.poison.PoisonGuard.progress`); none by default.
 Progress = Callable[[TopicPartition, int], str]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from kafka import TopicPartition
 
-from workers.batches import Batch
+from dgstream.workers.steps.batches import Batch
 
 __all__ = ["OffsetTracker", "Ready"]
 

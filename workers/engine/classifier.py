@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from schemas import (
+from dgstream.schemas import (
     ClassificationRequest,
     ClassificationResult,
     Diagnostics,
@@ -31,9 +31,9 @@ from schemas import (
     SkippedAnswer,
     question_order,
 )
-from schemas.kinds import get_kind
-from workers.engine.reading import aggregate
-from workers.engine.template import (
+from dgstream.schemas.kinds import get_kind
+from dgstream.workers.engine.reading import aggregate
+from dgstream.workers.engine.template import (
     ChatFormat,
     Layout,
     LayoutCache,
@@ -43,7 +43,7 @@ from workers.engine.template import (
     system_text,
     user_text,
 )
-from workers.engine.types import Engine, Read, ReadImage, SlotRead
+from dgstream.workers.engine.types import Engine, Read, ReadImage, SlotRead
 
 # `auto` defaults: one read; up to 4 when a slot's entropy is above 0.5 nats. 0.5 nats is
 # about a 80/20 yes/no split (H(0.8) = 0.50): below that, one more read rarely flips the
@@ -105,7 +105,7 @@ class Classifier:
         requests: Sequence[ClassificationRequest],
         images: Sequence[Sequence[ReadImage]] | None = None,
     ) -> list[ClassificationResult | RequestError]:
-        """`images`: each request's checked images (workers.images), in its order."""
+        """`images`: each request's checked images (dgstream.workers.images), in its order."""
         t0 = time.perf_counter()
         jobs = [
             self._job(r, tuple(images[i]) if images is not None else ())

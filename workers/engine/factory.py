@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from workers.engine import backends
-from workers.engine.backends import get_backend
-from workers.engine.backends._base import model_dir as _backend_model_dir
-from workers.engine.classifier import Classifier, ClassifierSettings
-from workers.engine.template import ChatFormat
-from workers.engine.types import Engine
+from dgstream.workers.engine import backends
+from dgstream.workers.engine.backends import get_backend
+from dgstream.workers.engine.backends._base import model_dir as _backend_model_dir
+from dgstream.workers.engine.classifier import Classifier, ClassifierSettings
+from dgstream.workers.engine.template import ChatFormat
+from dgstream.workers.engine.types import Engine
 
 
 class _EngineSettings(BaseModel):
@@ -24,7 +24,7 @@ class _EngineSettings(BaseModel):
     # The engine backend: a name of the registry (`workers/engine/backends/`, one module
     # each; the "Engine backends" table below lists them, with their settings keys).
     backend: str = "transformers"
-    # transformers: a built-in model name (see workers.engine.models.SPECS: "demo", trained
+    # transformers: a built-in model name (see dgstream.workers.engine.models.SPECS: "demo", trained
     # on the demo tasks; "tiny-random", random weights for speed) or a local directory with
     # a DiffusionGemma checkpoint and its tokenizer.
     model: str = "demo"

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from workers.engine.reading import slot_read_from_label_logits
-from workers.engine.types import EngineInfo, Read, ReadResult
+from dgstream.workers.engine.reading import slot_read_from_label_logits
+from dgstream.workers.engine.types import EngineInfo, Read, ReadResult
 
 
 class FakeEngine:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.engine.reading import slot_read_from_label_logits
-from workers.engine.types import (
+from dgstream.workers.engine.reading import slot_read_from_label_logits
+from dgstream.workers.engine.types import (
     EngineInfo,
     FatalEngineError,
     Read,
@@ -47,7 +47,7 @@ from workers.engine.types import (
     RecoverableEngineError,
     SlotRead,
 )
-from workers.engine.vision import VisionInput
+from dgstream.workers.engine.vision import VisionInput
 
 # A prompt as the encoder sees it is named by its text prompt and its images' hashes: two
 # requests with the same text and different images must not share an encoder pass.

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.engine.tokenizer import VOCAB_SIZE, save_pretrained_tokenizer
+from dgstream.workers.engine.tokenizer import VOCAB_SIZE, save_pretrained_tokenizer
 
 _BUILD_LOCK = threading.Lock()
 
@@ -219,7 +219,7 @@ def _fingerprint(spec: TinySpec) -> str:
     import tokenizers
     import transformers
 
-    from workers.engine import tokenizer
+    from dgstream.workers.engine import tokenizer
 
     blob = json.dumps(
         {

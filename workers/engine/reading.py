@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.engine.types import SlotRead
+from dgstream.workers.engine.types import SlotRead
 
 
 def entropy(probs: np.ndarray) -> float:

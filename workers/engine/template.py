@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from schemas.kinds import get_kind, kinds
-from workers.engine.types import Read, Slot
+from dgstream.schemas.kinds import get_kind, kinds
+from dgstream.workers.engine.types import Read, Slot
 
 if TYPE_CHECKING:
-    from schemas import Question, RequestRejected
+    from dgstream.schemas import Question, RequestRejected
 
 # Canvas widths are multiples of 16, the project's choice from its first layout: few widths
 # keep batch shapes (and a backend's compiled graphs) few, and the demo model was trained so.
@@ -182,7 +182,7 @@ class Layout:
 
 
 def _reject(code: str, message: str, field: str) -> RequestRejected:
-    from schemas import ErrorCode, RequestError, RequestRejected
+    from dgstream.schemas import ErrorCode, RequestError, RequestRejected
 
     return RequestRejected(RequestError(code=ErrorCode(code), message=message, field=field))
 

@@ -86,7 +86,7 @@ class EngineInfo:
     vocab_size: int
     device: str = "cpu"
     # Whether reads carry images to a vision tower (`Read.images`). When False the worker
-    # dead-letters a request with images (IMAGES_NOT_READ, workers.images) rather than
+    # dead-letters a request with images (IMAGES_NOT_READ, dgstream.workers.images) rather than
     # answer it from its text alone. The transformers engine sets it when its model has a
     # vision tower; the fake engine and vLLM (for now) do not.
     reads_images: bool = False

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from workers.engine.types import ReadImage
+from dgstream.workers.engine.types import ReadImage
 
 # The read path inside vLLM imports only itself, so the fix both engines need lives there.
-from workers.engine.vllm_reads.tower import fix_unpooled_mask
+from dgstream.workers.engine.vllm_reads.tower import fix_unpooled_mask
 
 __all__ = ["IMAGE_GRID", "VisionInput", "image_patches"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from schemas.errors import ErrorCode
+from dgstream.schemas.errors import ErrorCode
 
 __all__ = ["READ_FORMATS", "DecodedImage", "ImageRefused", "decode_image"]
 

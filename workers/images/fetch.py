@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit
 
-from schemas.errors import ErrorCode
-from workers.images.settings import ImageSettings, normalize_url
+from dgstream.schemas.errors import ErrorCode
+from dgstream.workers.images.settings import ImageSettings, normalize_url
 
 __all__ = ["FetchRefused", "fetch_image"]
 

@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from schemas.audit import AuditImage
-from schemas.errors import ErrorCode, RequestError
-from schemas.images import ImageRef, ImageSource
-from schemas.request import ClassificationRequest
-from workers.engine.types import EngineInfo, ReadImage
-from workers.images.decode import DecodedImage, ImageRefused, decode_image
-from workers.images.fetch import FetchRefused, fetch_image
-from workers.images.settings import ImageSettings
+from dgstream.schemas.audit import AuditImage
+from dgstream.schemas.errors import ErrorCode, RequestError
+from dgstream.schemas.images import ImageRef, ImageSource
+from dgstream.schemas.request import ClassificationRequest
+from dgstream.workers.engine.types import EngineInfo, ReadImage
+from dgstream.workers.images.decode import DecodedImage, ImageRefused, decode_image
+from dgstream.workers.images.fetch import FetchRefused, fetch_image
+from dgstream.workers.images.settings import ImageSettings
 
 __all__ = ["CheckedImage", "GateOutcome", "InputGate", "audit_url", "check_images"]
 

@@ -19,7 +19,7 @@ class ImageSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     # 50 megapixels: a 48-megapixel phone photo (8000 x 6000) passes; decoded as RGB it is
-    # 150 MB, so one request's 8 images (schemas.images.MAX_IMAGES), decoded one at a time,
+    # 150 MB, so one request's 8 images (dgstream.schemas.images.MAX_IMAGES), decoded one at a time,
     # never hold more. Checked from the header, before any pixel is decoded.
     max_pixels: int = Field(default=50_000_000, ge=1)
     # 16 MiB: a 48-megapixel JPEG straight from a camera is 8-16 MB. Bounds a fetched body

@@ -12,11 +12,22 @@ The package, by job: `lexer` (tokens), `parser` (the tree and its types), `evalu
 questions), `checks` and `search` (the load-time checks), `router` (routes and the router).
 """
 
-from workers.routes.checks import check_condition
-from workers.routes.fields import FIELDS, FieldSpec, QuestionInfo, RouteError, question_info
-from workers.routes.lexer import tokenize
-from workers.routes.parser import MAX_CONDITION_CHARS, MAX_NESTING, Condition, parse_condition
-from workers.routes.router import (
+from dgstream.workers.routes.checks import check_condition
+from dgstream.workers.routes.fields import (
+    FIELDS,
+    FieldSpec,
+    QuestionInfo,
+    RouteError,
+    question_info,
+)
+from dgstream.workers.routes.lexer import tokenize
+from dgstream.workers.routes.parser import (
+    MAX_CONDITION_CHARS,
+    MAX_NESTING,
+    Condition,
+    parse_condition,
+)
+from dgstream.workers.routes.router import (
     DEFAULT_ROUTE,
     MAX_ROUTES,
     REPLY_ROUTE,

@@ -8,10 +8,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from workers.routes.fields import FIELDS, QuestionInfo, RouteError, field_range
-from workers.routes.parser import Condition
-from workers.routes.search import check_whole
-from workers.routes.tree import Compare, FieldRef, Num, Text, walk
+from dgstream.workers.routes.fields import FIELDS, QuestionInfo, RouteError, field_range
+from dgstream.workers.routes.parser import Condition
+from dgstream.workers.routes.search import check_whole
+from dgstream.workers.routes.tree import Compare, FieldRef, Num, Text, walk
 
 
 def _check_field(ref: FieldRef, known: Mapping[str, Sequence[QuestionInfo]] | None) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from schemas import ClassificationResult, SkippedAnswer
-from schemas.kinds import get_kind
-from workers.routes.fields import Value
-from workers.routes.tree import And, Bool, FieldRef, Node, Not, Num, Or, Text
+from dgstream.schemas import ClassificationResult, SkippedAnswer
+from dgstream.schemas.kinds import get_kind
+from dgstream.workers.routes.fields import Value
+from dgstream.workers.routes.tree import And, Bool, FieldRef, Node, Not, Num, Or, Text
 
 
 def field_value(result: ClassificationResult, ref: FieldRef) -> Value:

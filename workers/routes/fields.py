@@ -7,9 +7,9 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from schemas import QuestionKind
-from schemas.kinds import get_kind, kind_names, kinds
-from workers.routes.tree import FieldRef
+from dgstream.schemas import QuestionKind
+from dgstream.schemas.kinds import get_kind, kind_names, kinds
+from dgstream.workers.routes.tree import FieldRef
 
 Kind = QuestionKind  # the contract's kinds
 ValueType = Literal["number", "text", "bool"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from workers.routes.fields import RouteError
+from dgstream.workers.routes.fields import RouteError
 
 
 class Token(NamedTuple):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from schemas import ClassificationResult
-from schemas.names import is_question_id
-from workers.routes.evaluate import evaluate, field_value
-from workers.routes.fields import FIELDS, RouteError, ValueType
-from workers.routes.lexer import Token, tokenize
-from workers.routes.tree import (
+from dgstream.schemas import ClassificationResult
+from dgstream.schemas.names import is_question_id
+from dgstream.workers.routes.evaluate import evaluate, field_value
+from dgstream.workers.routes.fields import FIELDS, RouteError, ValueType
+from dgstream.workers.routes.lexer import Token, tokenize
+from dgstream.workers.routes.tree import (
     And,
     Bool,
     Compare,

@@ -8,11 +8,11 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from schemas import ClassificationResult
-from schemas.names import TOPIC_PATTERN
-from workers.routes.checks import check_condition
-from workers.routes.fields import RouteError, question_info
-from workers.routes.parser import Condition, parse_condition
+from dgstream.schemas import ClassificationResult
+from dgstream.schemas.names import TOPIC_PATTERN
+from dgstream.workers.routes.checks import check_condition
+from dgstream.workers.routes.fields import RouteError, question_info
+from dgstream.workers.routes.parser import Condition, parse_condition
 
 MAX_ROUTES = 100
 

@@ -6,9 +6,9 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from workers.routes.evaluate import evaluate
-from workers.routes.fields import FIELDS, QuestionInfo, RouteError, Value, field_range
-from workers.routes.tree import Bool, Compare, FieldRef, Node, Num, Text, fields_of, walk
+from dgstream.workers.routes.evaluate import evaluate
+from dgstream.workers.routes.fields import FIELDS, QuestionInfo, RouteError, Value, field_range
+from dgstream.workers.routes.tree import Bool, Compare, FieldRef, Node, Num, Text, fields_of, walk
 
 # Whether some answer makes a whole condition true is found by trying values: each field
 # takes a few representatives (the constants it is compared with, points between them and

@@ -12,6 +12,6 @@
 - `shared`: the state, the completion queue and the ports the roles are handed;
 - `actions`: the error table.
 
-`workers.worker.StreamWorker` builds them and is the only public face. Kafka client
-workarounds are `workers.kafka_quirks`. docs/architecture.md draws the layout.
+`workers.hosting.worker.StreamWorker` builds them and is the only public face. Kafka client
+workarounds are `workers.kafka.quirks`. docs/architecture.md draws the layout.
 """

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from workers.engine.types import FatalEngineError
-from workers.errors import CommitRefused, SendFailed, WorkerFailed
-from workers.outage import Outage, produce_outage
+from dgstream.workers.engine.types import FatalEngineError
+from dgstream.workers.faults.errors import CommitRefused, SendFailed, WorkerFailed
+from dgstream.workers.faults.outage import Outage, produce_outage
 
 __all__ = [
     "TABLE",
@@ -90,21 +90,21 @@ TABLE: dict[Kind, Row] = {
         "retries) while the engine answers others",
         Action.DEAD_LETTER,
         "`ENGINE_FAILED`",
-        "workers.classify",
+        "workers.steps.classify",
     ),
     Kind.RESULT_UNFIT: Row(
         "a record",
         "its result is larger than its topic takes, or its `reply_topic` is refused",
         Action.DEAD_LETTER,
         "`OUTPUT_TOO_LARGE`, `REPLY_TOPIC_*`",
-        "workers.outputs",
+        "workers.steps.outputs",
     ),
     Kind.ENGINE_ERROR: Row(
         "a read",
         "`RecoverableEngineError` on the batch's engine call",
         Action.RETRY,
         "`engine_retries` times, the pause doubling; then split the batch in halves",
-        "workers.classify",
+        "workers.steps.classify",
     ),
     Kind.ENGINE_DOWN: Row(
         "a batch",
@@ -173,12 +173,12 @@ TABLE: dict[Kind, Row] = {
     ),
     Kind.UNREADABLE_BATCH: Row(
         "a poll",
-        "a record batch the consumer cannot read (`workers.poll_errors`: a codec this "
+        "a record batch the consumer cannot read (`workers.faults.poll_errors`: a codec this "
         "process lacks, a CRC failure, bytes that do not decompress)",
         Action.FAIL,
         "after finishing and committing what was read before it, as a drain; the "
         "operator fixes the cause or skips the batch (`dgstream skip-batch`)",
-        "workers.worker",
+        "workers.hosting.worker",
     ),
 }
 

@@ -23,19 +23,19 @@ from typing import Any, ClassVar
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from workers.batches import Batch, Output
-from workers.commit import (
+from dgstream.workers.commit import (
     AtLeastOnceCommitter,
     Committer,
     ExactlyOnceCommitter,
     Marks,
     Ready,
 )
-from workers.decisions import Decisions, RecordContext
-from workers.errors import OutputFailed, SendFailed, WorkerFailed
-from workers.kafka_quirks import fenced, no_auto_create
-from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
-from workers.topics import TopicGuard
+from dgstream.workers.faults.errors import OutputFailed, SendFailed, WorkerFailed
+from dgstream.workers.kafka.quirks import fenced, no_auto_create
+from dgstream.workers.results.decisions import Decisions, RecordContext
+from dgstream.workers.steps.batches import Batch, Output
+from dgstream.workers.steps.topics import TopicGuard
+from dgstream.workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
 __all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "delivery_for"]
 

@@ -1,7 +1,7 @@
 """The engine stage: the engine loop's thread, an asyncio loop that owns the `Classifier`.
 
-Per batch, in submission order: classify every request at once (`workers.classify`),
-build the outputs (`workers.outputs.OutputBuilder`, the one owner of a result's way to its
+Per batch, in submission order: classify every request at once (`workers.steps.classify`),
+build the outputs (`workers.steps.outputs.OutputBuilder`, the one owner of a result's way to its
 bytes, from each record's context made here), then, once the previous batch's outputs went,
 hand them to delivery (the `send` it was given): per-partition order is kept while the
 next batch is already at the engine. A batch that fails goes to the completion queue
@@ -21,13 +21,13 @@ from collections.abc import Callable
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any
 
-from workers.batches import Batch, Output
-from workers.classify import BatchClassifier
-from workers.decisions import Decisions, RecordContext
-from workers.engine.classifier import Classifier
-from workers.images import InputGate
-from workers.outputs import OutputBuilder
-from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
+from dgstream.workers.engine.classifier import Classifier
+from dgstream.workers.images import InputGate
+from dgstream.workers.results.decisions import Decisions, RecordContext
+from dgstream.workers.steps.batches import Batch, Output
+from dgstream.workers.steps.classify import BatchClassifier
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
 __all__ = ["EngineStage", "with_images"]
 
@@ -71,7 +71,7 @@ class EngineStage:
     async def _build(self, classifier: Classifier | None) -> Classifier:
         if classifier is not None:
             return classifier
-        from workers.engine.factory import build_classifier
+        from dgstream.workers.engine.factory import build_classifier
 
         s = self._s.settings
         return build_classifier(s.engine, s.question_sets, s.name)

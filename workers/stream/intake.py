@@ -4,7 +4,7 @@ filling the batch being filled with parsed records, and when it goes to the engi
 consumer's poll() and seek()); the batch being filled is `Shared.acc`.
 
 Parsing never raises: a record that is not a request (or names an unknown question set,
-or is poison: `workers.poison`) gets its `RequestError` and becomes a dead letter of its
+or is poison: `workers.faults.poison`) gets its `RequestError` and becomes a dead letter of its
 batch. While a partition is suspect every batch takes one record; the rest are sought back
 and polled again.
 """
@@ -17,18 +17,18 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from schemas import ErrorCode, RequestError, record_id
-from schemas.cloudevents import CONTENT_TYPE
-from workers.batches import Batch, Entry, tp_name
-from workers.commit import Marks
-from workers.inputs import InputReader
-from workers.kafka_quirks import (
+from dgstream.schemas import ErrorCode, RequestError, record_id
+from dgstream.schemas.cloudevents import CONTENT_TYPE
+from dgstream.workers.commit import Marks
+from dgstream.workers.kafka.quirks import (
     committed_offset,
     held_back,
     rejoin_pending,
     unpark_resumed,
 )
-from workers.stream.shared import Completions, Shared
+from dgstream.workers.steps.batches import Batch, Entry, tp_name
+from dgstream.workers.steps.inputs import InputReader
+from dgstream.workers.stream.shared import Completions, Shared
 
 __all__ = ["FULL_WAIT_S", "IDLE_POLL_MS", "REJOIN_POLL_MS", "Intake"]
 
@@ -38,7 +38,7 @@ __all__ = ["FULL_WAIT_S", "IDLE_POLL_MS", "REJOIN_POLL_MS", "Intake"]
 # wake the loop directly. Whatever it waits for, the loop polls at least this often: a
 # rebalance under way always has a poll() to finish in.
 FULL_WAIT_S = 0.05
-# While this member is not settled in its group (`workers.kafka_quirks.rejoin_pending`: a
+# While this member is not settled in its group (`workers.kafka.quirks.rejoin_pending`: a
 # rejoin due, or a join under way) poll this long at a time and commit nothing, so the
 # JoinGroup/SyncGroup round trip (which waits for the other members) completes inside
 # poll() rather than between calls. A join waits on the slowest member (seconds when one
@@ -51,7 +51,7 @@ IDLE_POLL_MS = 100
 # Fairness across partitions. kafka-python hands out one partition's fetched records
 # until they run out (a fetch of a partition can hold 1 MB compressed: hundreds of
 # thousands of small records) before another partition's, and meanwhile may not even
-# fetch the others (`workers.kafka_quirks.held_back`): a flood on one partition delayed
+# fetch the others (`workers.kafka.quirks.held_back`): a flood on one partition delayed
 # another's request by 57 s (2026-12-07). Once one partition has filled this many
 # batches' worth of records in a row while another is held back, it sits out one poll
 # (paused): the others' fetch responses are read and they are fetched again. One batch:
@@ -159,7 +159,7 @@ class Intake:
         pause() rather than stopping to poll: a member that stops polling while its group
         rebalances is never settled again (kafka-python takes a join only inside poll()),
         and every commit is then refused as RebalanceInProgressError (2026-12-07: the
-        worker stalled for good). `workers.kafka_quirks.unpark_resumed` makes a paused
+        worker stalled for good). `workers.kafka.quirks.unpark_resumed` makes a paused
         partition's parked records come back once it is resumed (`release`)."""
         self._completions.wait(FULL_WAIT_S)
         consumer = self._consumer
@@ -281,7 +281,7 @@ class Intake:
         return None
 
     def marks_for(self, batch: Batch) -> Marks:
-        """The attempt counts to commit before `batch` runs (`workers.poison`): those of
+        """The attempt counts to commit before `batch` runs (`workers.faults.poison`): those of
         partitions first seen since the last batch, and one for each suspect partition's
         record about to run alone."""
         marks, self._marks = self._marks, {}

@@ -12,13 +12,13 @@ from __future__ import annotations
 import threading
 import time
 
-from workers.batches import Batch
-from workers.errors import WorkerFailed
-from workers.stream.engine_stage import EngineStage
-from workers.stream.intake import Intake
-from workers.stream.ownership import Ownership
-from workers.stream.recovery import Recovery
-from workers.stream.shared import Completions, DeliveryPort, Shared
+from dgstream.workers.faults.errors import WorkerFailed
+from dgstream.workers.steps.batches import Batch
+from dgstream.workers.stream.engine_stage import EngineStage
+from dgstream.workers.stream.intake import Intake
+from dgstream.workers.stream.ownership import Ownership
+from dgstream.workers.stream.recovery import Recovery
+from dgstream.workers.stream.shared import Completions, DeliveryPort, Shared
 
 __all__ = ["ConsumeLoop"]
 

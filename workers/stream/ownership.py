@@ -17,13 +17,13 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.errors import KafkaError
 
-from workers.batches import tp_name
-from workers.errors import WorkerFailed
-from workers.inputs import bound_consumer
-from workers.kafka_admin import admin_client
-from workers.kafka_quirks import committed_offset
-from workers.settings import WorkerSettings
-from workers.stream.shared import Completions, DeliveryPort, RecoveryPort, Shared
+from dgstream.workers.faults.errors import WorkerFailed
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.admin import admin_client
+from dgstream.workers.kafka.quirks import committed_offset
+from dgstream.workers.steps.batches import tp_name
+from dgstream.workers.steps.inputs import bound_consumer
+from dgstream.workers.stream.shared import Completions, DeliveryPort, RecoveryPort, Shared
 
 __all__ = ["LAG_EVERY_S", "Listener", "Ownership", "make_consumer", "membership"]
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from workers.batches import Batch, tp_name
-from workers.commit import Marks
-from workers.errors import CommitRefused, OutputFailed, WorkerFailed
-from workers.kafka_quirks import read_position
-from workers.outage import Outage
-from workers.stream.actions import TABLE, Action, counts_when_abandoned, kind_of, outage_of
-from workers.stream.shared import Completions, DeliveryPort, Shared
+from dgstream.workers.commit import Marks
+from dgstream.workers.faults.errors import CommitRefused, OutputFailed, WorkerFailed
+from dgstream.workers.faults.outage import Outage
+from dgstream.workers.kafka.quirks import read_position
+from dgstream.workers.steps.batches import Batch, tp_name
+from dgstream.workers.stream.actions import TABLE, Action, counts_when_abandoned, kind_of, outage_of
+from dgstream.workers.stream.shared import Completions, DeliveryPort, Shared
 
 __all__ = ["REDO_LIMIT", "Recovery"]
 

@@ -1,7 +1,7 @@
 """What the stream worker's roles share, and nothing else: the bookkeeping between poll and
 commit (`Shared`), the completion queue (`Completions`), and the two ports through which a
 role reaches delivery or recovery without importing them (`DeliveryPort`,
-`RecoveryPort`). `workers.worker.StreamWorker` builds one of each and hands them to the
+`RecoveryPort`). `workers.hosting.worker.StreamWorker` builds one of each and hands them to the
 roles; the error table is `workers.stream.actions`.
 
 Threads: `Shared` is written by the consumer thread, and by the rebalance listener while
@@ -18,14 +18,14 @@ from typing import Any, ClassVar, Protocol
 
 from kafka import TopicPartition
 
-from workers.batches import Batch, Output
-from workers.commit import Marks, OffsetTracker, Ready
-from workers.decisions import Decisions
-from workers.metrics import WorkerMetrics
-from workers.outage import OutageClock
-from workers.poison import PoisonGuard
-from workers.settings import WorkerSettings
-from workers.stream.actions import counts_when_abandoned
+from dgstream.workers.commit import Marks, OffsetTracker, Ready
+from dgstream.workers.faults.outage import OutageClock
+from dgstream.workers.faults.poison import PoisonGuard
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.results.decisions import Decisions
+from dgstream.workers.steps.batches import Batch, Output
+from dgstream.workers.stream.actions import counts_when_abandoned
 
 __all__ = ["CLOSE_TIMEOUT_S", "Completions", "DeliveryPort", "RecoveryPort", "Shared"]
 

@@ -5,7 +5,7 @@ cache is missing or stale: the pinned jars of `infra/kafka/jars.lock.json`) and 
 One module per job: `jars` (fetch), `config` (ports, `server.properties`), `process` (the
 JVMs), `lifecycle` (start, resume, stop, status), `secure` (TLS/SCRAM), `faults` (kill,
 freeze, restart one node), `cli`, and `state` (the home and its state file). Callers use
-this package's names: `from infra.kafka import broker; broker.start(...)`.
+this package's names: `from dgstream.infra.kafka import broker; broker.start(...)`.
 
 The home defaults to `<repo>/.cache/kafka/run` (`DGSTREAM_KAFKA_HOME` or `home=`), the jars
 to `<repo>/.cache/kafka/lib` (`DGSTREAM_KAFKA_LIB`); `DGSTREAM_KAFKA_HEAP_OPTS` (default
@@ -14,10 +14,10 @@ to `<repo>/.cache/kafka/lib` (`DGSTREAM_KAFKA_LIB`); `DGSTREAM_KAFKA_HEAP_OPTS` 
 
 from __future__ import annotations
 
-from infra.kafka.broker.cli import add_arguments, cli, main
-from infra.kafka.broker.config import DEFAULT_CLIENT_PORT
-from infra.kafka.broker.faults import freeze_node, kill_node, restart_node
-from infra.kafka.broker.jars import (
+from dgstream.infra.kafka.broker.cli import add_arguments, cli, main
+from dgstream.infra.kafka.broker.config import DEFAULT_CLIENT_PORT
+from dgstream.infra.kafka.broker.faults import freeze_node, kill_node, restart_node
+from dgstream.infra.kafka.broker.jars import (
     LIB_ENV,
     LOCK_PATH,
     MARKER_NAME,
@@ -28,10 +28,10 @@ from infra.kafka.broker.jars import (
     lock,
     marker_path,
 )
-from infra.kafka.broker.lifecycle import start, start_cluster, status, stop
-from infra.kafka.broker.process import HEAP_ENV, JVM_OPTS_ENV, KAFKA_MAIN, STORAGE_TOOL
-from infra.kafka.broker.secure import SCRAM_MECHANISM, start_secure
-from infra.kafka.broker.state import (
+from dgstream.infra.kafka.broker.lifecycle import start, start_cluster, status, stop
+from dgstream.infra.kafka.broker.process import HEAP_ENV, JVM_OPTS_ENV, KAFKA_MAIN, STORAGE_TOOL
+from dgstream.infra.kafka.broker.secure import SCRAM_MECHANISM, start_secure
+from dgstream.infra.kafka.broker.state import (
     HOME_ENV,
     LOOPBACK,
     REPO_ROOT,

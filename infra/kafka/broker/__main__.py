@@ -1,7 +1,7 @@
-"""`python -m infra.kafka.broker fetch|start|stop|status` (what `make kafka-jars` runs)."""
+"""`python -m dgstream.infra.kafka.broker fetch|start|stop|status` (what `make kafka-jars` runs)."""
 
 import sys
 
-from infra.kafka.broker.cli import main
+from dgstream.infra.kafka.broker.cli import main
 
 sys.exit(main())

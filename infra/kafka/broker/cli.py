@@ -1,4 +1,4 @@
-"""`dgstream broker start|stop|status|fetch` and `python -m infra.kafka.broker`."""
+"""`dgstream broker start|stop|status|fetch` and `python -m dgstream.infra.kafka.broker`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from infra.kafka.broker.jars import LOCK_PATH, fetch, lock
-from infra.kafka.broker.lifecycle import start, start_cluster, status, stop
-from infra.kafka.broker.state import HOME_ENV, BrokerError, read_state, resolve_home
+from dgstream.infra.kafka.broker.jars import LOCK_PATH, fetch, lock
+from dgstream.infra.kafka.broker.lifecycle import start, start_cluster, status, stop
+from dgstream.infra.kafka.broker.state import HOME_ENV, BrokerError, read_state, resolve_home
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,7 +141,7 @@ def _cli_stop(args: argparse.Namespace, home: str | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.kafka.broker", description="The local Kafka broker."
+        prog="python -m dgstream.infra.kafka.broker", description="The local Kafka broker."
     )
     add_arguments(parser)
     return cli(parser.parse_args(argv))

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.kafka.broker.state import LOOPBACK, NodeInfo
+from dgstream.infra.kafka.broker.state import LOOPBACK, NodeInfo
 
 DEFAULT_CLIENT_PORT = 9092
 LOG4J2 = """\

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.kafka.broker.process import (
+from dgstream.infra.kafka.broker.process import (
     find_java,
     is_our_jvm,
     kill_hard,
@@ -20,7 +20,7 @@ from infra.kafka.broker.process import (
     terminate,
     wait_ready,
 )
-from infra.kafka.broker.state import (
+from dgstream.infra.kafka.broker.state import (
     BrokerError,
     BrokerInfo,
     NodeInfo,

@@ -8,7 +8,7 @@ machine with Python alone fills the cache: no Maven, no Java needed for this ste
 only when the marker's pom hash or jar list does not match: a second call touches no
 network.
 
-`lock()` (`python -m infra.kafka.broker lock`) writes the lock file again after a change to
+`lock()` (`python -m dgstream.infra.kafka.broker lock`) writes the lock file again after a change to
 the pom: Maven resolves the tree (its only use here, on a developer's machine), and each
 jar's SHA-1 is checked against the `.sha1` file Maven Central publishes beside it before
 it is pinned. A test fails while the lock does not match the pom.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.kafka.broker.state import REPO_ROOT, BrokerError, locked
+from dgstream.infra.kafka.broker.state import REPO_ROOT, BrokerError, locked
 
 POM_PATH = Path(__file__).resolve().parents[1] / "pom.xml"
 LOCK_PATH = Path(__file__).resolve().parents[1] / "jars.lock.json"
@@ -135,7 +135,8 @@ def fetch(
         if lock.get("pom_sha256") != digest:
             raise BrokerError(
                 f"{LOCK_PATH.name} was made for another {pom_file.name}: run "
-                "`python -m infra.kafka.broker lock` (it needs Maven) after changing the pom"
+                "`python -m dgstream.infra.kafka.broker lock` (it needs Maven) after changing "
+                "the pom"
             )
         staging = Path(tempfile.mkdtemp(prefix=".lib-staging-", dir=lib.parent))
         try:
@@ -206,7 +207,9 @@ def lock(pom: Path = POM_PATH, path: Path = LOCK_PATH, timeout_s: float = 1200.0
             raise BrokerError(f"{entry['file']}: Maven Central publishes SHA-1 {published}")
         entries.append(entry)
     doc = {
-        "about": "Written by `python -m infra.kafka.broker lock` from pom.xml; do not edit.",
+        "about": (
+            "Written by `python -m dgstream.infra.kafka.broker lock` from pom.xml; do not edit."
+        ),
         "pom_sha256": _pom_hash(pom),
         "jars": entries,
     }

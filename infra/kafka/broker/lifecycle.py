@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.kafka.broker.config import (
+from dgstream.infra.kafka.broker.config import (
     LOG4J2,
     extra_ports,
     new_cluster_id,
@@ -22,8 +22,8 @@ from infra.kafka.broker.config import (
     port_free,
     render_properties,
 )
-from infra.kafka.broker.jars import fetch
-from infra.kafka.broker.process import (
+from dgstream.infra.kafka.broker.jars import fetch
+from dgstream.infra.kafka.broker.process import (
     find_java,
     format_storage,
     is_our_jvm,
@@ -32,7 +32,7 @@ from infra.kafka.broker.process import (
     signal_group,
     terminate,
 )
-from infra.kafka.broker.state import (
+from dgstream.infra.kafka.broker.state import (
     LOOPBACK,
     STATE_NAME,
     BrokerError,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.kafka.broker.state import LOOPBACK, BrokerError, NodeInfo
+from dgstream.infra.kafka.broker.state import LOOPBACK, BrokerError, NodeInfo
 
 HEAP_ENV = "DGSTREAM_KAFKA_HEAP_OPTS"
 JVM_OPTS_ENV = "DGSTREAM_KAFKA_JVM_OPTS"

@@ -6,8 +6,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from infra.kafka.broker.lifecycle import start_nodes
-from infra.kafka.broker.state import BrokerError, BrokerInfo, resolve_home, write_state
+from dgstream.infra.kafka.broker.lifecycle import start_nodes
+from dgstream.infra.kafka.broker.state import BrokerError, BrokerInfo, resolve_home, write_state
 
 # The SCRAM mechanism of the secure test broker: the strongest Kafka offers.
 SCRAM_MECHANISM = "SCRAM-SHA-512"
@@ -32,7 +32,7 @@ def start_secure(
     (`info.listener_bootstrap("SASL_SSL")`). The PLAINTEXT listener stays for the
     broker's own use (replication, the readiness probe, `status`). No password is kept in
     the state file. The storage is always formatted afresh (the users are stored then)."""
-    from infra.kafka.tls import TlsError, make_certificates
+    from dgstream.infra.kafka.tls import TlsError, make_certificates
 
     for name, password in users.items():
         if not _SCRAM_SAFE.match(name) or not _SCRAM_SAFE.match(password):

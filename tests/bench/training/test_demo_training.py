@@ -40,10 +40,10 @@ from bench.training.questions import (
     with_name_question,
 )
 from bench.training.reads import PointerMarks, pointer_targets, request_reads
-from schemas.names import is_question_id
-from topology import demo_tasks
-from workers.engine import models
-from workers.engine.template import ChatFormat, LayoutCache
+from dgstream.schemas.names import is_question_id
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine import models
+from dgstream.workers.engine.template import ChatFormat, LayoutCache
 
 pytestmark = pytest.mark.model
 

@@ -17,9 +17,9 @@ from bench.training.check import engine_check, held_out_batch, parity_check
 from bench.training.data import GroupJob, _init_worker, make_group
 from bench.training.model import DemoModel, forward_slots, to_tensors
 from bench.training.questions import IMAGE_KINDS, KINDS
-from topology import demo_tasks
-from workers.engine import models
-from workers.engine.template import ChatFormat, LayoutCache
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine import models
+from dgstream.workers.engine.template import ChatFormat, LayoutCache
 
 pytestmark = pytest.mark.model
 

@@ -14,9 +14,9 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, OffsetSpec, TopicPartition
 
 from bench.harness.waiting import wait_for
-from infra.kafka import broker
-from infra.kafka.broker import BrokerInfo
-from workers.kafka_admin import compute_lag, ensure_topics, subscribe_known, total_lag
+from dgstream.infra.kafka import broker
+from dgstream.infra.kafka.broker import BrokerInfo
+from dgstream.workers.kafka.admin import compute_lag, ensure_topics, subscribe_known, total_lag
 
 pytestmark = pytest.mark.broker
 
@@ -184,7 +184,7 @@ def test_fetch_reuses_cache_without_maven(no_maven: dict[str, str], tmp_path: Pa
     assert broker.marker_path().is_file()
 
     out = subprocess.run(
-        [sys.executable, "-m", "infra.kafka.broker", "fetch", "--json"],
+        [sys.executable, "-m", "dgstream.infra.kafka.broker", "fetch", "--json"],
         cwd=REPO,
         env=no_maven,
         capture_output=True,

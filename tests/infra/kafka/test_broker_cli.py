@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.broker import BrokerInfo
+from dgstream.infra.kafka.broker import BrokerInfo
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -21,7 +21,7 @@ def _dgstream() -> list[str]:
     if script.is_file():
         return [str(script)]
     found = shutil.which("dgstream")
-    return [found] if found else [sys.executable, "-m", "topology.cli"]
+    return [found] if found else [sys.executable, "-m", "dgstream.topology.cli"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,7 +72,7 @@ def test_stop_keeps_the_data_and_start_resumes_it(tmp_path: Path) -> None:
     on the same port; `stop --delete-data` deletes them."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from workers.kafka_admin import ensure_topics
+    from dgstream.workers.kafka.admin import ensure_topics
 
     home = str(tmp_path / "home")
     started = _run("broker", "start", "--port", "0", "--home", home, "--json")

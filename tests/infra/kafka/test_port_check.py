@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.broker.config import port_free
+from dgstream.infra.kafka.broker.config import port_free
 
 
 def time_wait_port() -> int:

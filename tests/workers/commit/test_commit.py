@@ -18,10 +18,10 @@ from kafka.errors import (
 )
 from kafka_fakes import Calls, FakeConsumer, FakeProducer
 
-from workers.batches import Batch, Entry, Output
-from workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
-from workers.errors import CommitRefused, OutputFailed, WorkerFailed
-from workers.logs import get_logger
+from dgstream.workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
+from dgstream.workers.faults.errors import CommitRefused, OutputFailed, WorkerFailed
+from dgstream.workers.hosting.logs import get_logger
+from dgstream.workers.steps.batches import Batch, Entry, Output
 
 pytestmark = pytest.mark.unit
 

@@ -14,10 +14,10 @@ from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 from kafka.structs import OffsetAndMetadata
 from kafka_fakes import Calls, FakeConsumer, FakeProducer
 
-from workers.batches import Batch, Entry, Output
-from workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
-from workers.commit.committers import CallTimedOut, bounded
-from workers.errors import CommitRefused, OutputFailed, WorkerFailed
+from dgstream.workers.commit import AtLeastOnceCommitter, ExactlyOnceCommitter, OffsetTracker
+from dgstream.workers.commit.committers import CallTimedOut, bounded
+from dgstream.workers.faults.errors import CommitRefused, OutputFailed, WorkerFailed
+from dgstream.workers.steps.batches import Batch, Entry, Output
 
 pytestmark = pytest.mark.unit
 

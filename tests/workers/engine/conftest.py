@@ -10,14 +10,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Any:
-    from workers.engine.models import ensure_tiny_model
+    from dgstream.workers.engine.models import ensure_tiny_model
 
     return ensure_tiny_model()
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir: Any) -> Any:
-    from workers.engine.hf_backend import TransformersEngine
+    from dgstream.workers.engine.hf_backend import TransformersEngine
 
     return TransformersEngine.from_pretrained(tiny_model_dir, device="cpu")
 
@@ -26,6 +26,6 @@ def tiny_engine(tiny_model_dir: Any) -> Any:
 def tiny_chat(tiny_model_dir: Any) -> Any:
     from transformers import AutoTokenizer
 
-    from workers.engine.template import ChatFormat
+    from dgstream.workers.engine.template import ChatFormat
 
     return ChatFormat(AutoTokenizer.from_pretrained(str(tiny_model_dir)))

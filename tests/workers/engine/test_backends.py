@@ -13,14 +13,14 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from workers.audit import checkpoint_of, engine_fields
-from workers.engine import backends
-from workers.engine.backends import Backend, NoSettings, get_backend, register, unregister
-from workers.engine.backends._base import chat_for, model_dir
-from workers.engine.factory import EngineSettings, build_classifier, build_engine
-from workers.engine.fake import FakeEngine
-from workers.engine.types import EngineInfo, Read, ReadResult
-from workers.settings import ActorResources, WorkerSettings
+from dgstream.workers.engine import backends
+from dgstream.workers.engine.backends import Backend, NoSettings, get_backend, register, unregister
+from dgstream.workers.engine.backends._base import chat_for, model_dir
+from dgstream.workers.engine.factory import EngineSettings, build_classifier, build_engine
+from dgstream.workers.engine.fake import FakeEngine
+from dgstream.workers.engine.types import EngineInfo, Read, ReadResult
+from dgstream.workers.hosting.settings import ActorResources, WorkerSettings
+from dgstream.workers.results.audit import checkpoint_of, engine_fields
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,9 @@ def test_every_backend_has_settings_audit_fields_gpus_and_a_doc_row(name: str) -
     assert set(backend.audit_fields(EngineSettings(backend=name))) <= set(fields)
     assert backend.gpus >= 0
     row = _backend_rows().get(name)
-    assert row is not None, f"docs/configuration.md has no row for {name}: python -m topology.docs"
+    assert row is not None, (
+        f"docs/configuration.md has no row for {name}: python -m dgstream.topology.docs"
+    )
     assert f"| {backend.gpus:g} |" in row
 
 
@@ -139,7 +141,7 @@ def toy() -> Iterator[type[_Toy]]:
 
 
 def test_a_toy_backend_goes_through_the_build_the_audit_and_the_gpus(toy: type[_Toy]) -> None:
-    from schemas import ClassificationRequest, parse_request
+    from dgstream.schemas import ClassificationRequest, parse_request
 
     settings = EngineSettings(backend="toy", seed=3)
     engine, _ = build_engine(settings)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from schemas import ErrorCode, RequestRejected
-from workers.engine.template import (
+from dgstream.schemas import ErrorCode, RequestRejected
+from dgstream.workers.engine.template import (
     ChatFormat,
     LayoutCache,
     make_read,
@@ -126,7 +126,7 @@ def test_chunks_pass_on_errors_other_than_length() -> None:
 def demo_chat() -> ChatFormat:
     from transformers import AutoTokenizer
 
-    from workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.models import TRAINED_DIRS
 
     return ChatFormat(AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"])))
 

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas import ClassificationRequest, RequestError, parse_request
-from workers.engine.classifier import DEFAULT_AUTO_MAX, Classifier, ClassifierSettings
-from workers.engine.reading import slot_read_from_label_logits
-from workers.engine.template import ChatFormat, system_text, user_text
-from workers.engine.types import EngineInfo, Read, ReadResult, Slot, SlotRead
+from dgstream.schemas import ClassificationRequest, RequestError, parse_request
+from dgstream.workers.engine.classifier import DEFAULT_AUTO_MAX, Classifier, ClassifierSettings
+from dgstream.workers.engine.reading import slot_read_from_label_logits
+from dgstream.workers.engine.template import ChatFormat, system_text, user_text
+from dgstream.workers.engine.types import EngineInfo, Read, ReadResult, Slot, SlotRead
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ class ScriptedEngine:
 def chat() -> ChatFormat:
     from transformers import AutoTokenizer
 
-    from workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.models import TRAINED_DIRS
 
     return ChatFormat(AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"])))
 
@@ -397,7 +397,7 @@ class _Clock:
 def test_timings_are_milliseconds_of_engine_and_batch(
     chat: ChatFormat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import workers.engine.classifier as classifier_module
+    import dgstream.workers.engine.classifier as classifier_module
 
     monkeypatch.setattr(classifier_module, "time", _Clock(0.00123456))
     engine = ScriptedEngine(lambda r, s: UNSURE)

@@ -23,8 +23,8 @@ from demo_model_bar import (
 )
 
 from bench.harness.miswire import MISWIRINGS, miswire_swap_labels
-from topology import demo_tasks as dt
-from workers.engine import models
+from dgstream.topology import demo_tasks as dt
+from dgstream.workers.engine import models
 
 # Held-out size: ~300 requests run in well under a minute on 2 CPU cores.
 HELD_OUT_REQUESTS = 300
@@ -35,8 +35,8 @@ HELD_OUT_REQUESTS = 300
 
 @pytest.fixture(scope="module")
 def held_out_results() -> tuple[list[dt.Example], list[dict[str, Any]]]:
-    from schemas import ClassificationResult, RequestError
-    from workers.engine.factory import EngineSettings, build_classifier
+    from dgstream.schemas import ClassificationResult, RequestError
+    from dgstream.workers.engine.factory import EngineSettings, build_classifier
 
     examples = dt.held_out_examples(0, HELD_OUT_REQUESTS)
     requests = [dt.validate(ex.request) for ex in examples]
@@ -92,7 +92,7 @@ def test_the_check_fails_on_miswired_results(held_out_results: Any, miswiring: s
 def test_demo_model_ships_with_its_tokenizer() -> None:
     from transformers import AutoTokenizer
 
-    from workers.engine.tokenizer import build_tokenizer
+    from dgstream.workers.engine.tokenizer import build_tokenizer
 
     directory = models.ensure_tiny_model("demo")
     assert directory == models.TRAINED_DIRS["demo"]
@@ -208,7 +208,7 @@ def test_held_out_never_meets_training() -> None:
 
 @pytest.mark.unit
 def test_word_lists_are_in_the_tokenizer_and_disjoint() -> None:
-    from workers.engine.tokenizer import _WORDS
+    from dgstream.workers.engine.tokenizer import _WORDS
 
     vocab = set(_WORDS)
     groups = {

@@ -13,17 +13,17 @@ import torch
 from pydantic import TypeAdapter
 from support.oracles import label_logits_reference
 
-from schemas import ClassificationRequest, ErrorCode, Question, RequestError, parse_request
-from workers.engine.classifier import Classifier, ClassifierSettings
-from workers.engine.hf_backend import TransformersEngine
-from workers.engine.template import (
+from dgstream.schemas import ClassificationRequest, ErrorCode, Question, RequestError, parse_request
+from dgstream.workers.engine.classifier import Classifier, ClassifierSettings
+from dgstream.workers.engine.hf_backend import TransformersEngine
+from dgstream.workers.engine.template import (
     LayoutCache,
     labels_and_answers,
     make_read,
     system_text,
     user_text,
 )
-from workers.engine.types import Read
+from dgstream.workers.engine.types import Read
 
 pytestmark = pytest.mark.model
 
@@ -72,7 +72,7 @@ def _reads(chat: Any, engine: TransformersEngine, n: int, seed: int = 0) -> list
         qs = QUESTION_SETS[list(QUESTION_SETS)[i % 3]]
         from pydantic import TypeAdapter
 
-        from schemas import Question
+        from dgstream.schemas import Question
 
         parsed = {k: TypeAdapter(Question).validate_python(v) for k, v in qs.items()}
         layout = cache.get([(k, labels_and_answers(q)[0]) for k, q in parsed.items()])
@@ -263,7 +263,7 @@ class _Watching:
 
 
 def test_a_jev_body_is_answered_with_its_usage_counted(tiny_engine: Any, tiny_chat: Any) -> None:
-    from schemas import record_id, to_jev
+    from dgstream.schemas import record_id, to_jev
 
     body = {
         "state": {"message": "FREE MONEY now", "links": ["http://x.com"]},

@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 from pydantic import TypeAdapter
 
-from schemas import Question
-from workers.engine import models
-from workers.engine.hf_backend import TransformersEngine
-from workers.engine.template import (
+from dgstream.schemas import Question
+from dgstream.workers.engine import models
+from dgstream.workers.engine.hf_backend import TransformersEngine
+from dgstream.workers.engine.template import (
     ChatFormat,
     LayoutCache,
     labels_and_answers,
@@ -26,8 +26,8 @@ from workers.engine.template import (
     system_text,
     user_text,
 )
-from workers.engine.types import Read, ReadImage
-from workers.engine.vision import IMAGE_GRID, image_patches
+from dgstream.workers.engine.types import Read, ReadImage
+from dgstream.workers.engine.vision import IMAGE_GRID, image_patches
 
 pytestmark = pytest.mark.model
 

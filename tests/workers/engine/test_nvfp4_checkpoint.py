@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from bench.harness import nvfp4 as q
-from workers.engine.models import TRAINED_DIRS
+from dgstream.workers.engine.models import TRAINED_DIRS
 
 DEMO = TRAINED_DIRS["demo"]
 NVFP4 = DEMO.parent / "demo-nvfp4"
@@ -358,7 +358,7 @@ def test_the_package_ships_the_checkpoint() -> None:
 
     root = DEMO.parents[3]
     data = tomllib.loads((root / "pyproject.toml").read_text())
-    globs = data["tool"]["setuptools"]["package-data"]["workers"]
+    globs = data["tool"]["setuptools"]["package-data"]["dgstream.workers"]
     shipped = {p for g in globs for p in (root / "workers").glob(g)}
     assert {NVFP4 / name for name in FILES} <= shipped
 

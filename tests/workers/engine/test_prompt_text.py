@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from schemas import ClassificationRequest, parse_request
-from topology import demo_tasks
-from workers.engine.template import labels_and_answers, system_text, user_text
+from dgstream.schemas import ClassificationRequest, parse_request
+from dgstream.topology import demo_tasks
+from dgstream.workers.engine.template import labels_and_answers, system_text, user_text
 
 pytestmark = pytest.mark.unit
 

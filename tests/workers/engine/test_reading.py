@@ -10,9 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.kinds import get_kind
-from workers.engine.reading import Aggregate, aggregate, entropy, slot_read_from_label_logits
-from workers.engine.types import SlotRead
+from dgstream.schemas.kinds import get_kind
+from dgstream.workers.engine.reading import (
+    Aggregate,
+    aggregate,
+    entropy,
+    slot_read_from_label_logits,
+)
+from dgstream.workers.engine.types import SlotRead
 
 pytestmark = pytest.mark.unit
 

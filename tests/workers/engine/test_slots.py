@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, models, normalizers
 
-from schemas import ErrorCode, RequestRejected
-from workers.engine.template import (
+from dgstream.schemas import ErrorCode, RequestRejected
+from dgstream.workers.engine.template import (
     LayoutCache,
     build_canvas,
     canvas_width,
@@ -196,7 +196,7 @@ def test_canvas_noise_only_at_slots(tiny_chat: Any) -> None:
 def test_labels_by_kind(question: dict[str, Any], labels: tuple[str, ...], answers: Any) -> None:
     from pydantic import TypeAdapter
 
-    from schemas import Question
+    from dgstream.schemas import Question
 
     q = TypeAdapter(Question).validate_python(question)
     assert labels_and_answers(q) == (labels, answers)

@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 
 from bench.harness.vllm_model import write_model_dir
-from workers.engine.models import DIFFUSION_GENERATION
-from workers.engine.types import (
+from dgstream.workers.engine.models import DIFFUSION_GENERATION
+from dgstream.workers.engine.types import (
     Engine,
     EngineUnavailable,
     FatalEngineError,
@@ -44,17 +44,17 @@ from workers.engine.types import (
     RecoverableEngineError,
     Slot,
 )
-from workers.engine.vllm.args import engine_args
-from workers.engine.vllm.codec import (
+from dgstream.workers.engine.vllm.args import engine_args
+from dgstream.workers.engine.vllm.codec import (
     build_completion_body,
     build_sampling_params,
     build_xargs,
     parse_output,
 )
-from workers.engine.vllm.engine import VllmEngine
-from workers.engine.vllm.remote import VllmRemoteEngine
-from workers.engine.vllm.settings import MAX_LOGPROB_TOKEN_IDS as OUR_MAX_LOGPROB_TOKEN_IDS
-from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
+from dgstream.workers.engine.vllm.engine import VllmEngine
+from dgstream.workers.engine.vllm.remote import VllmRemoteEngine
+from dgstream.workers.engine.vllm.settings import MAX_LOGPROB_TOKEN_IDS as OUR_MAX_LOGPROB_TOKEN_IDS
+from dgstream.workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
 
 _SKIP = os.environ.get("DGSTREAM_SKIP_VLLM") == "1"
 _SKIP_REASON = "DGSTREAM_SKIP_VLLM=1: vLLM's own request validation deliberately not checked"
@@ -625,7 +625,11 @@ def test_module_imports_without_vllm_names() -> None:
 
 
 def test_demo_checkpoint_generation_config_is_what_vllm_reads() -> None:
-    from workers.engine.models import TRAINED_DIRS, ensure_tiny_model, missing_generation_fields
+    from dgstream.workers.engine.models import (
+        TRAINED_DIRS,
+        ensure_tiny_model,
+        missing_generation_fields,
+    )
 
     demo = TRAINED_DIRS["demo"]
     assert missing_generation_fields(demo) == []
@@ -642,9 +646,9 @@ def test_demo_checkpoint_generation_config_is_what_vllm_reads() -> None:
 
 
 def test_max_model_len_defaults_to_the_model_and_an_impossible_one_is_refused() -> None:
-    from workers.engine.models import TRAINED_DIRS
-    from workers.engine.types import EngineConfigError
-    from workers.engine.vllm.sizing import check_model
+    from dgstream.workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.types import EngineConfigError
+    from dgstream.workers.engine.vllm.sizing import check_model
 
     demo = str(TRAINED_DIRS["demo"])
     assert engine_args(VllmSettings(model=demo))["max_model_len"] == 4096
@@ -655,8 +659,8 @@ def test_max_model_len_defaults_to_the_model_and_an_impossible_one_is_refused() 
 
 
 def test_null_generation_config_is_refused_naming_the_fields(tmp_path: Path) -> None:
-    from workers.engine.types import EngineConfigError
-    from workers.engine.vllm.sizing import check_model
+    from dgstream.workers.engine.types import EngineConfigError
+    from dgstream.workers.engine.vllm.sizing import check_model
 
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {}}))
     (tmp_path / "generation_config.json").write_text(
@@ -676,8 +680,8 @@ def test_serve_command_gives_vllm_the_in_process_engine_args(
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from workers.engine.models import TRAINED_DIRS
-    from workers.engine.vllm.args import serve_command
+    from dgstream.workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.vllm.args import serve_command
 
     # The parser's defaults build a DeviceConfig, which needs a device type (no GPU here).
     monkeypatch.setattr(current_platform, "device_type", "cpu", raising=False)
@@ -751,8 +755,8 @@ def test_full_graphs_that_cannot_be_captured_on_the_card_are_refused_at_start(
     path: str,
     refused: bool,
 ) -> None:
-    from workers.engine.types import EngineConfigError
-    from workers.engine.vllm.sizing import CARD_ENV
+    from dgstream.workers.engine.types import EngineConfigError
+    from dgstream.workers.engine.vllm.sizing import CARD_ENV
 
     monkeypatch.setenv(CARD_ENV, card)
     settings = VllmSettings(
@@ -786,8 +790,8 @@ def test_vllm_lowers_max_num_seqs_from_128_unless_the_read_path_keeps_it(
     were built) keeps the value."""
     from vllm.config import SchedulerConfig
 
-    from workers.engine import vllm_reads
-    from workers.engine.vllm.settings import MAX_NUM_SEQS
+    from dgstream.workers.engine import vllm_reads
+    from dgstream.workers.engine.vllm.settings import MAX_NUM_SEQS
 
     assert (vllm_reads.status() or "").startswith("registered")
     sc = SchedulerConfig(
@@ -815,7 +819,7 @@ def test_vllm_lowers_max_num_seqs_from_128_unless_the_read_path_keeps_it(
 
 
 def test_reads_share_one_label_set_and_still_pass_admission(served: SimpleNamespace) -> None:
-    from workers.engine.vllm.codec import logprob_ids
+    from dgstream.workers.engine.vllm.codec import logprob_ids
 
     shared = tuple(sorted({t for r in READS.values() for t in r.label_union}))
     for read in READS.values():
@@ -830,7 +834,7 @@ def test_reads_share_one_label_set_and_still_pass_admission(served: SimpleNamesp
 def test_a_shared_label_set_leaves_every_slot_distribution_unchanged() -> None:
     """Constrained logprobs are a log-softmax over the requested ids: over a larger set they
     shift by one constant per position, which the slot's own softmax cancels."""
-    from workers.engine.vllm.codec import logprob_ids
+    from dgstream.workers.engine.vllm.codec import logprob_ids
 
     read = READS["joint"]
     shared = sorted({*read.label_union, *range(50, 90)})

@@ -151,7 +151,7 @@ def test_a_run_that_never_served_is_not_a_pass() -> None:
 
 
 def test_inductor_options_for_the_bisection() -> None:
-    from workers.engine.vllm.args import debug_inductor_options
+    from dgstream.workers.engine.vllm.args import debug_inductor_options
 
     assert debug_inductor_options("") == {}
     assert debug_inductor_options("split_reductions=false+combo_kernels=false") == {
@@ -165,7 +165,7 @@ def test_inductor_options_for_the_bisection() -> None:
 def test_the_token_watch_names_ranges_and_requests() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("vllm")
-    from workers.engine.vllm_reads import debug
+    from dgstream.workers.engine.vllm_reads import debug
 
     bad = np.zeros(20, dtype=bool)
     bad[5:9] = True
@@ -186,7 +186,7 @@ def test_the_token_watch_names_ranges_and_requests() -> None:
 def test_the_step_watch_names_the_bad_rows_requests() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("vllm")
-    from workers.engine.vllm_reads import debug
+    from dgstream.workers.engine.vllm_reads import debug
 
     rows = torch.randn(6, 8)
     rows[2, 3] = float("nan")
@@ -210,8 +210,8 @@ def test_the_step_watch_names_the_bad_rows_requests() -> None:
 
 
 def test_the_engine_caches_go_under_one_folder_and_keep_what_is_set(tmp_path: Path) -> None:
-    from workers.engine.vllm.args import CACHE_ENV, apply_cache_dir
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.args import CACHE_ENV, apply_cache_dir
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     env = {"TRITON_CACHE_DIR": "/operator/triton"}
     added = apply_cache_dir(str(tmp_path), env)
@@ -240,8 +240,8 @@ def test_an_mps_share_runs_without_cuda_graphs(
     """Under an MPS share, graph replays computed NaN for blocks of a step's tokens and the
     same reads without graphs did not (docs/vllm.md): unset graph modes become NONE there."""
     pytest.importorskip("vllm")
-    from workers.engine.vllm.args import engine_args, graphs_for_the_share
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.args import engine_args, graphs_for_the_share
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
     for k, v in env.items():
@@ -258,8 +258,8 @@ def test_an_mps_share_runs_without_cuda_graphs(
 
 def test_an_explicit_graph_mode_under_mps_is_kept(caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("vllm")
-    from workers.engine.vllm.args import graphs_for_the_share
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.args import graphs_for_the_share
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
     chosen = VllmSettings(cudagraph_mode="PIECEWISE", full_graph_tokens=0)

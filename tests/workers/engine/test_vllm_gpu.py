@@ -36,17 +36,17 @@ pytest.importorskip("vllm")
 
 from demo_model_bar import assert_bar_met  # noqa: E402
 
-from schemas import ClassificationResult  # noqa: E402
-from topology import demo_tasks  # noqa: E402
-from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
-from workers.engine.factory import EngineSettings, build_classifier  # noqa: E402
-from workers.engine.models import TRAINED_DIRS  # noqa: E402
-from workers.engine.template import standard_label_ids  # noqa: E402
-from workers.engine.vllm.args import serve_command  # noqa: E402
-from workers.engine.vllm.engine import VllmEngine  # noqa: E402
-from workers.engine.vllm.remote import VllmRemoteEngine  # noqa: E402
-from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings  # noqa: E402
-from workers.engine.vllm.sizing import check_model  # noqa: E402
+from dgstream.schemas import ClassificationResult  # noqa: E402
+from dgstream.topology import demo_tasks  # noqa: E402
+from dgstream.workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
+from dgstream.workers.engine.factory import EngineSettings, build_classifier  # noqa: E402
+from dgstream.workers.engine.models import TRAINED_DIRS  # noqa: E402
+from dgstream.workers.engine.template import standard_label_ids  # noqa: E402
+from dgstream.workers.engine.vllm.args import serve_command  # noqa: E402
+from dgstream.workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from dgstream.workers.engine.vllm.remote import VllmRemoteEngine  # noqa: E402
+from dgstream.workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings  # noqa: E402
+from dgstream.workers.engine.vllm.sizing import check_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
@@ -160,7 +160,7 @@ def stock_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
 def _chat() -> Any:
     from transformers import AutoTokenizer
 
-    from workers.engine.template import ChatFormat
+    from dgstream.workers.engine.template import ChatFormat
 
     return ChatFormat(AutoTokenizer.from_pretrained(DEMO))
 

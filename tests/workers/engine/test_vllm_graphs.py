@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from workers.engine.vllm.settings import VllmSettings
-from workers.engine.vllm.sizing import GRAPH_SIZES
-from workers.engine.vllm_reads.options import ReadPathOptions
+from dgstream.workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.vllm.sizing import GRAPH_SIZES
+from dgstream.workers.engine.vllm_reads.options import ReadPathOptions
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -64,7 +64,7 @@ def _manager(
 
 
 def _ours(mode: Any, limit: int, **kw: Any) -> Any:
-    from workers.engine.vllm_reads.graphs import _Manager
+    from dgstream.workers.engine.vllm_reads.graphs import _Manager
 
     return _manager(_Manager, mode, limit, **kw)
 
@@ -161,7 +161,7 @@ def test_an_engine_the_graphs_cannot_serve_keeps_vllms_and_says_why(
 def test_micro_batching_keeps_vllms_graphs() -> None:
     from vllm.config.compilation import CUDAGraphMode
 
-    from workers.engine.vllm_reads.graphs import refusal
+    from dgstream.workers.engine.vllm_reads.graphs import refusal
 
     config = SimpleNamespace(attention_config=SimpleNamespace(backend="TRITON_ATTN"))
     assert refusal(config, CUDAGraphMode.FULL_AND_PIECEWISE, None) is None
@@ -184,7 +184,7 @@ def test_install_binds_the_runner_to_the_manager_once_and_refuses_anothers(
 ) -> None:
     from vllm.v1.worker.gpu import model_runner
 
-    from workers.engine.vllm_reads import graphs
+    from dgstream.workers.engine.vllm_reads import graphs
 
     stock = model_runner.ModelCudaGraphManager
     monkeypatch.setattr(model_runner, "ModelCudaGraphManager", stock)
@@ -206,8 +206,8 @@ def test_the_model_state_installs_the_manager_only_for_an_engine_that_asks(
     from vllm.model_executor.models import diffusion_gemma as dg
     from vllm.v1.worker.gpu import model_runner
 
-    from workers.engine.vllm_reads import graphs
-    from workers.engine.vllm_reads.model import DgModelState
+    from dgstream.workers.engine.vllm_reads import graphs
+    from dgstream.workers.engine.vllm_reads.model import DgModelState
 
     stock = model_runner.ModelCudaGraphManager
     monkeypatch.setattr(model_runner, "ModelCudaGraphManager", stock)
@@ -266,7 +266,7 @@ def test_full_graph_tokens_refuses_settings_it_cannot_run_with_by_name(
 def test_what_the_engine_hands_vllm_follows_the_resolved_bound(
     over: dict[str, Any], read_path: str | None, tokens: int
 ) -> None:
-    from workers.engine.vllm.args import engine_args
+    from dgstream.workers.engine.vllm.args import engine_args
 
     args = engine_args(VllmSettings(max_num_seqs=64, **over), read_path)
     options = ReadPathOptions.from_additional_config(args["additional_config"])
@@ -277,13 +277,13 @@ def test_the_engine_says_at_start_which_graphs_its_mixed_steps_get(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     from bench.harness.vllm_model import write_model_dir
-    from workers.engine.vllm.engine import VllmEngine
+    from dgstream.workers.engine.vllm.engine import VllmEngine
 
     model_dir = write_model_dir(tmp_path, 512)
 
     def said(**over: Any) -> list[str]:
         caplog.clear()
-        with caplog.at_level("INFO", logger="workers.engine.vllm.engine"):
+        with caplog.at_level("INFO", logger="dgstream.workers.engine.vllm.engine"):
             VllmEngine(VllmSettings(model=str(model_dir), **over))._engine_kwargs()
         return [r.getMessage() for r in caplog.records if "mixed steps" in r.getMessage()]
 
@@ -310,5 +310,5 @@ def test_the_read_paths_modules_log_where_the_engine_core_prints() -> None:
     import importlib
 
     for name in ("graphs", "model", "sampler", "scheduler"):
-        module = importlib.import_module(f"workers.engine.vllm_reads.{name}")
+        module = importlib.import_module(f"dgstream.workers.engine.vllm_reads.{name}")
         assert module.logger.name.startswith("vllm."), (name, module.logger.name)

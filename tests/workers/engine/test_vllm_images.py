@@ -14,14 +14,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from workers.engine.models import TRAINED_DIRS
-from workers.engine.types import EngineConfigError, Read, ReadImage, ReadRejected, Slot
-from workers.engine.vision import IMAGE_GRID, VisionInput, image_patches
-from workers.engine.vllm import sizing
-from workers.engine.vllm.args import engine_args, serve_command
-from workers.engine.vllm.codec import build_prompt
-from workers.engine.vllm.images import ImageLayout, multimodal_prompt, write_processor_files
-from workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.models import TRAINED_DIRS
+from dgstream.workers.engine.types import EngineConfigError, Read, ReadImage, ReadRejected, Slot
+from dgstream.workers.engine.vision import IMAGE_GRID, VisionInput, image_patches
+from dgstream.workers.engine.vllm import sizing
+from dgstream.workers.engine.vllm.args import engine_args, serve_command
+from dgstream.workers.engine.vllm.codec import build_prompt
+from dgstream.workers.engine.vllm.images import (
+    ImageLayout,
+    multimodal_prompt,
+    write_processor_files,
+)
+from dgstream.workers.engine.vllm.settings import VllmSettings
 
 DEMO = Path(TRAINED_DIRS["demo"])
 # The demo config's ids (config.json): <boi>, <eoi>, <image>.
@@ -310,7 +314,7 @@ def test_the_demo_tower_keeps_its_soft_tokens_in_vllm() -> None:
     from transformers import AutoModel
     from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig
 
-    from workers.engine.vllm_reads.model import fix_unpooled_tower
+    from dgstream.workers.engine.vllm_reads.model import fix_unpooled_tower
 
     vision = json.loads((DEMO / "config.json").read_text())["vision_config"]
     tower = AutoModel.from_config(
@@ -349,7 +353,7 @@ def test_vllm_admits_a_read_with_images(tmp_path_factory: pytest.TempPathFactory
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from workers.engine.vllm.codec import build_sampling_params
+    from dgstream.workers.engine.vllm.codec import build_sampling_params
 
     model = write_processor_files(DEMO, tmp_path_factory.mktemp("admit") / "demo")
     settings = VllmSettings(model=str(model), images_per_request=8, dtype="float32")
@@ -400,7 +404,7 @@ def test_the_engine_sends_images_and_refuses_what_it_cannot_read() -> None:
     pytest.importorskip("vllm")
     import asyncio
 
-    from workers.engine.vllm.engine import VllmEngine
+    from dgstream.workers.engine.vllm.engine import VllmEngine
 
     assert not VllmEngine(VllmSettings()).info.reads_images  # IMAGES_NOT_READ stays
     engine = VllmEngine(VllmSettings(images_per_request=2))

@@ -35,10 +35,10 @@ pytest.importorskip("vllm")
 from PIL import Image  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
-from schemas import Question  # noqa: E402
-from workers.engine.hf_backend import TransformersEngine  # noqa: E402
-from workers.engine.models import TRAINED_DIRS  # noqa: E402
-from workers.engine.template import (  # noqa: E402
+from dgstream.schemas import Question  # noqa: E402
+from dgstream.workers.engine.hf_backend import TransformersEngine  # noqa: E402
+from dgstream.workers.engine.models import TRAINED_DIRS  # noqa: E402
+from dgstream.workers.engine.template import (  # noqa: E402
     ChatFormat,
     LayoutCache,
     labels_and_answers,
@@ -47,12 +47,12 @@ from workers.engine.template import (  # noqa: E402
     system_text,
     user_text,
 )
-from workers.engine.types import Read, ReadImage  # noqa: E402
-from workers.engine.vllm.codec import build_prompt, build_sampling_params  # noqa: E402
-from workers.engine.vllm.engine import VllmEngine  # noqa: E402
-from workers.engine.vllm.images import write_processor_files  # noqa: E402
-from workers.engine.vllm.settings import VllmSettings  # noqa: E402
-from workers.engine.vllm.sizing import check_model  # noqa: E402
+from dgstream.workers.engine.types import Read, ReadImage  # noqa: E402
+from dgstream.workers.engine.vllm.codec import build_prompt, build_sampling_params  # noqa: E402
+from dgstream.workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from dgstream.workers.engine.vllm.images import write_processor_files  # noqa: E402
+from dgstream.workers.engine.vllm.settings import VllmSettings  # noqa: E402
+from dgstream.workers.engine.vllm.sizing import check_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

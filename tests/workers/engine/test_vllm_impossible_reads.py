@@ -23,8 +23,8 @@ pytest.importorskip("vllm")
 from vllm.logprobs import FlatLogprobs, append_logprobs_for_next_position
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from workers.engine.types import Read, RecoverableEngineError, Slot
-from workers.engine.vllm.codec import NORMALIZER_TOL, check_row, parse_output
+from dgstream.workers.engine.types import Read, RecoverableEngineError, Slot
+from dgstream.workers.engine.vllm.codec import NORMALIZER_TOL, check_row, parse_output
 
 pytestmark = pytest.mark.unit
 

@@ -43,13 +43,13 @@ pytest.importorskip("vllm")
 from demo_model_bar import assert_bar_met  # noqa: E402
 
 from bench.harness import nvfp4  # noqa: E402
-from topology import demo_tasks  # noqa: E402
-from workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
-from workers.engine.models import TRAINED_DIRS  # noqa: E402
-from workers.engine.template import ChatFormat, standard_label_ids  # noqa: E402
-from workers.engine.vllm.engine import VllmEngine  # noqa: E402
-from workers.engine.vllm.settings import VllmSettings  # noqa: E402
-from workers.engine.vllm.sizing import check_model  # noqa: E402
+from dgstream.topology import demo_tasks  # noqa: E402
+from dgstream.workers.engine.classifier import Classifier, ClassifierSettings  # noqa: E402
+from dgstream.workers.engine.models import TRAINED_DIRS  # noqa: E402
+from dgstream.workers.engine.template import ChatFormat, standard_label_ids  # noqa: E402
+from dgstream.workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from dgstream.workers.engine.vllm.settings import VllmSettings  # noqa: E402
+from dgstream.workers.engine.vllm.sizing import check_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from bench.harness.vllm_scheduler import (
     scheduler,
     vllm_config,
 )
-from workers.engine.vllm.codec import TWO_STEP_KEY, build_sampling_params
-from workers.engine.vllm.settings import VllmSettings
-from workers.engine.vllm_reads.plan import fused_indices, fused_ranges
+from dgstream.workers.engine.vllm.codec import TWO_STEP_KEY, build_sampling_params
+from dgstream.workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.vllm_reads.plan import fused_indices, fused_ranges
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -37,8 +37,8 @@ vllm = pytest.importorskip("vllm")
 
 
 def test_a_read_built_by_the_engine_takes_one_step_unless_its_sibling_opts_out() -> None:
-    from workers.engine.types import Read, Slot
-    from workers.engine.vllm_reads.scheduler import one_step_width
+    from dgstream.workers.engine.types import Read, Slot
+    from dgstream.workers.engine.vllm_reads.scheduler import one_step_width
 
     read = Read((5, 6, 7), tuple(range(WIDTH)), (Slot("q", 1, (3, 4), ("yes", "no")),))
     settings = VllmSettings(one_step_reads=True)
@@ -66,7 +66,7 @@ def test_a_read_built_by_the_engine_takes_one_step_unless_its_sibling_opts_out()
 def test_requests_that_are_not_seeded_single_step_reads_take_two_steps(
     extra: dict[str, Any], kw: dict[str, Any], why: str
 ) -> None:
-    from workers.engine.vllm_reads.scheduler import one_step_width
+    from dgstream.workers.engine.vllm_reads.scheduler import one_step_width
 
     assert one_step_width(read_params()) == WIDTH
     assert one_step_width(read_params(extra, **kw)) is None, why
@@ -249,8 +249,8 @@ def test_one_step_reads_refuse_settings_they_cannot_run_with(
 def test_what_the_engine_hands_vllm_follows_the_resolved_setting(
     one_step_reads: bool | str, read_path: str | None, on: bool, idle_only: bool
 ) -> None:
-    from workers.engine.vllm.args import engine_args
-    from workers.engine.vllm_reads.options import ReadPathOptions
+    from dgstream.workers.engine.vllm.args import engine_args
+    from dgstream.workers.engine.vllm_reads.options import ReadPathOptions
 
     settings = VllmSettings(one_step_reads=one_step_reads, max_num_seqs=64)
     assert settings.one_step_resolved(read_path)[0] is on
@@ -277,8 +277,8 @@ def test_one_step_reads_takes_only_true_false_or_auto(value: Any) -> None:
 def test_the_config_hook_installs_the_scheduler_only_where_it_can_run(model_dir: Path) -> None:
     from vllm.config.compilation import CUDAGraphMode
 
-    from workers.engine.vllm_reads import one_step_refusal
-    from workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
+    from dgstream.workers.engine.vllm_reads import one_step_refusal
+    from dgstream.workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
 
     def config(**sched: Any) -> Any:
         c = vllm_config(model_dir)
@@ -328,7 +328,7 @@ class _Metadata:
 def _attn_state(monkeypatch: pytest.MonkeyPatch, metadata: dict[str, Any]) -> Any:
     from vllm.model_executor.models import diffusion_gemma as dg
 
-    from workers.engine.vllm_reads.model import DgModelState
+    from dgstream.workers.engine.vllm_reads.model import DgModelState
 
     # vLLM's own prepare_attn needs the runner's attention groups and KV cache: it stands
     # for them here, returning per-layer metadata (two layers share one object, as in vLLM).
@@ -425,11 +425,11 @@ def test_one_step_reads_refuse_an_attention_backend_without_ranges(
 def test_the_engine_says_at_start_how_many_steps_its_reads_take(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from workers.engine.vllm.engine import VllmEngine
+    from dgstream.workers.engine.vllm.engine import VllmEngine
 
     def said(**over: Any) -> list[str]:
         caplog.clear()
-        with caplog.at_level("INFO", logger="workers.engine.vllm.engine"):
+        with caplog.at_level("INFO", logger="dgstream.workers.engine.vllm.engine"):
             VllmEngine(VllmSettings(model=str(model_dir), **over))._engine_kwargs()
         return [r.getMessage() for r in caplog.records if "reads in" in r.getMessage()]
 

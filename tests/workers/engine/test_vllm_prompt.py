@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from workers.engine.models import DIFFUSION_GENERATION
-from workers.engine.template import ChatFormat, make_read, resolve_layout
+from dgstream.workers.engine.models import DIFFUSION_GENERATION
+from dgstream.workers.engine.template import ChatFormat, make_read, resolve_layout
 
 if os.environ.get("DGSTREAM_SKIP_VLLM") == "1":
     pytest.skip("DGSTREAM_SKIP_VLLM=1", allow_module_level=True)
@@ -63,7 +63,7 @@ CASES = [
 def gemma4_style(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     from transformers import PreTrainedTokenizerFast
 
-    from workers.engine.tokenizer import build_tokenizer
+    from dgstream.workers.engine.tokenizer import build_tokenizer
 
     raw = build_tokenizer()
     raw.add_special_tokens(GEMMA4_TOKENS)
@@ -154,7 +154,7 @@ def test_demo_tokenizer_keeps_its_trained_format() -> None:
     """The demo model's tokenizer has no channel tokens: no thought block, its own EOT."""
     from transformers import AutoTokenizer
 
-    from workers.engine.models import TRAINED_DIRS
+    from dgstream.workers.engine.models import TRAINED_DIRS
 
     tok = AutoTokenizer.from_pretrained(str(TRAINED_DIRS["demo"]))
     chat = ChatFormat(tok)

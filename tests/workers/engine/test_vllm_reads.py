@@ -18,15 +18,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.engine.vllm_reads.options import (
+from dgstream.workers.engine.vllm_reads.options import (
     CONFIG_KEY,
     ReadPathOptions,
     stock_denoise_bytes,
     vocab_tile_rows,
     warmup_denoise_rows,
 )
-from workers.engine.vllm_reads.plan import plan_step, spans
-from workers.engine.vllm_reads.rows import label_rows, scatter_groups, vocab_rows
+from dgstream.workers.engine.vllm_reads.plan import plan_step, spans
+from dgstream.workers.engine.vllm_reads.rows import label_rows, scatter_groups, vocab_rows
 
 # --- options: the additional_config entry and the memory arithmetic ---------------------
 
@@ -219,7 +219,7 @@ ARRIVALS = [
 
 @pytest.mark.vllm
 def test_staged_admission_leaves_the_state_vllm_leaves(cpu_vllm: Any) -> None:
-    from workers.engine.vllm_reads.admission import Admissions
+    from dgstream.workers.engine.vllm_reads.admission import Admissions
 
     theirs, ours = _states(cpu_vllm), _states(cpu_vllm)
     for s in (theirs, ours):  # a slot that served before: its leftovers must be reset
@@ -269,7 +269,7 @@ def _sc_state(dg: Any, seed: int) -> tuple[Any, Any]:
     block of random weights (hidden 8, canvas 16): only what self-conditioning reads."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
-    from workers.engine.vllm_reads.model import DgModelState
+    from dgstream.workers.engine.vllm_reads.model import DgModelState
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         sc = dg.DiffusionGemmaSelfConditioning(8, 16)
@@ -353,7 +353,7 @@ def test_the_plugin_registers_on_vllm_033_and_keeps_max_num_seqs(
     from vllm import ModelRegistry
     from vllm.model_executor.models import config as model_configs
 
-    from workers.engine import vllm_reads
+    from dgstream.workers.engine import vllm_reads
 
     monkeypatch.setattr(vllm_reads, "_status", None)
     hook = model_configs.MODELS_CONFIG_MAP[vllm_reads.ARCHITECTURE]
@@ -371,7 +371,7 @@ def test_the_plugin_registers_on_vllm_033_and_keeps_max_num_seqs(
 def test_the_plugin_refuses_another_vllm_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.model_executor.models import config as model_configs
 
-    from workers.engine import vllm_reads
+    from dgstream.workers.engine import vllm_reads
 
     monkeypatch.setattr(vllm_reads, "_status", None)
     monkeypatch.setattr(vllm, "__version__", "0.34.0")
@@ -391,7 +391,7 @@ def test_the_plugin_refuses_another_vllm_and_says_so(monkeypatch: pytest.MonkeyP
 def test_the_entry_point_is_installed_where_vllm_is() -> None:
     """vLLM finds the plugin only through package metadata, in every process: `make setup`
     installs it (pyproject's [project.entry-points."vllm.general_plugins"])."""
-    from workers.engine.vllm.args import read_path_available
+    from dgstream.workers.engine.vllm.args import read_path_available
 
     assert read_path_available() is None
 
@@ -401,8 +401,8 @@ def test_the_entry_point_is_installed_where_vllm_is() -> None:
 
 @pytest.mark.vllm
 def test_the_read_path_rides_in_additional_config_with_256_reads_in_flight() -> None:
-    from workers.engine.vllm.args import engine_args, resolve_read_path
-    from workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.args import engine_args, resolve_read_path
+    from dgstream.workers.engine.vllm.settings import VllmSettings
 
     settings = VllmSettings(load_format="dummy")
     assert resolve_read_path(settings)[0] == "dgstream"
@@ -430,10 +430,10 @@ def test_the_stock_path_leaves_its_unprofiled_denoise_step_free_on_the_card(
 ) -> None:
     """On vLLM's own path the first denoise step is not in vLLM's memory profile: the
     settings take it off gpu_memory_utilization, and refuse settings it does not fit."""
-    from workers.engine.types import EngineConfigError
-    from workers.engine.vllm.args import engine_args
-    from workers.engine.vllm.settings import VllmSettings
-    from workers.engine.vllm.sizing import CARD_ENV
+    from dgstream.workers.engine.types import EngineConfigError
+    from dgstream.workers.engine.vllm.args import engine_args
+    from dgstream.workers.engine.vllm.settings import VllmSettings
+    from dgstream.workers.engine.vllm.sizing import CARD_ENV
 
     monkeypatch.setenv(CARD_ENV, "23.6")  # what torch reports of a 24 GB board
     settings = VllmSettings(load_format="dummy", canvas_length=16, read_path="stock")
@@ -575,9 +575,9 @@ def _pair(dg: Any) -> tuple[Any, Any, Any, _Unembed]:
     """vLLM's sampler, and the read sampler over a vLLM sampler of its own, same weight."""
     from types import SimpleNamespace
 
-    from workers.engine.vllm_reads.admission import Admissions
-    from workers.engine.vllm_reads.options import ReadPathOptions
-    from workers.engine.vllm_reads.sampler import DgReadSampler
+    from dgstream.workers.engine.vllm_reads.admission import Admissions
+    from dgstream.workers.engine.vllm_reads.options import ReadPathOptions
+    from dgstream.workers.engine.vllm_reads.sampler import DgReadSampler
 
     torch.manual_seed(1)
     weight = torch.randn(V, H)
@@ -769,7 +769,7 @@ def test_admission_writes_its_constants_as_kernel_arguments(cpu_vllm: Any) -> No
     under async scheduling the engine core waited for the step in flight (the torch
     profile of 2026-12-03 counted four such copies per step with arrivals). The flush
     writes constants with `index_fill_` and tensors from its one staged copy."""
-    from workers.engine.vllm_reads.admission import Admissions
+    from dgstream.workers.engine.vllm_reads.admission import Admissions
 
     staged = Admissions(_states(cpu_vllm))
     for slot, prompt, steps, seed, pins, ro in ARRIVALS:
@@ -831,7 +831,7 @@ def test_draft_rows_of_arrivals_are_zeroed_together(drafts: int) -> None:
     nothing)."""
     from vllm.v1.worker.gpu.states import RequestState
 
-    from workers.engine.vllm_reads.sampler import stage_draft_resets
+    from dgstream.workers.engine.vllm_reads.sampler import stage_draft_resets
 
     theirs, ours = _request_state(5, drafts), _request_state(5, drafts)
     for s in (theirs, ours):
@@ -864,8 +864,8 @@ def test_the_model_state_is_what_the_sampler_asks_for() -> None:
     import ast
     import inspect
 
-    from workers.engine.vllm_reads import model as model_module
-    from workers.engine.vllm_reads.sampler import ReadModel, ReadState
+    from dgstream.workers.engine.vllm_reads import model as model_module
+    from dgstream.workers.engine.vllm_reads.sampler import ReadModel, ReadState
 
     def members(protocol: type) -> set[str]:
         return {n for n in vars(protocol) if not n.startswith("_")}

@@ -42,8 +42,8 @@ if not PCT:
     pytest.skip("set DGSTREAM_SLOW_GPU_PCT (and start MPS) to run", allow_module_level=True)
 
 from bench.harness.vllm_soak import workload  # noqa: E402
-from workers.engine.vllm.engine import VllmEngine  # noqa: E402
-from workers.engine.vllm.settings import VllmSettings  # noqa: E402
+from dgstream.workers.engine.vllm.engine import VllmEngine  # noqa: E402
+from dgstream.workers.engine.vllm.settings import VllmSettings  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 

@@ -12,12 +12,12 @@ from kafka import TopicPartition
 from kafka.consumer.subscription_state import SubscriptionState
 from kafka.structs import OffsetAndMetadata
 
-from workers.batches import Batch, Entry, Output
-from workers.commit import Marks, Ready
-from workers.kafka_settings import KafkaConnection
-from workers.metrics import WorkerMetrics
-from workers.settings import WorkerSettings
-from workers.stream.shared import Completions, Shared
+from dgstream.workers.commit import Marks, Ready
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.steps.batches import Batch, Entry, Output
+from dgstream.workers.stream.shared import Completions, Shared
 
 T0, T1 = TopicPartition("in", 0), TopicPartition("in", 1)
 
@@ -151,7 +151,7 @@ class FakeConsumer:
         self.rejoin = False
         self.high: dict[TopicPartition, int | BaseException | None] = {}
         # kafka-python's own subscription state, where the fetcher keeps its positions
-        # (`workers.kafka_quirks.read_position`): none known until `stand_at`.
+        # (`workers.kafka.quirks.read_position`): none known until `stand_at`.
         self._subscription = SubscriptionState()
 
         consumer = self

@@ -16,10 +16,14 @@ from kafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from workers.engine.types import EngineConfigError, FatalEngineError, RecoverableEngineError
-from workers.errors import CommitRefused, OutputFailed, SendFailed, WorkerFailed
-from workers.outage import Outage
-from workers.stream.actions import (
+from dgstream.workers.engine.types import (
+    EngineConfigError,
+    FatalEngineError,
+    RecoverableEngineError,
+)
+from dgstream.workers.faults.errors import CommitRefused, OutputFailed, SendFailed, WorkerFailed
+from dgstream.workers.faults.outage import Outage
+from dgstream.workers.stream.actions import (
     TABLE,
     Action,
     Kind,

@@ -19,10 +19,10 @@ from stream_fakes import (
     shared,
 )
 
-from workers.batches import Batch
-from workers.errors import OutputFailed, SendFailed, WorkerFailed
-from workers.stream.delivery import AtLeastOnce, Delivery, ExactlyOnce, delivery_for
-from workers.stream.shared import Completions, Shared
+from dgstream.workers.faults.errors import OutputFailed, SendFailed, WorkerFailed
+from dgstream.workers.steps.batches import Batch
+from dgstream.workers.stream.delivery import AtLeastOnce, Delivery, ExactlyOnce, delivery_for
+from dgstream.workers.stream.shared import Completions, Shared
 
 pytestmark = pytest.mark.unit
 

@@ -14,11 +14,11 @@ from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 from stream_fakes import T0, T1, FakeConsumer, Rec, RecordingLog, batch, shared
 
-from schemas import ErrorCode
-from workers.outage import Outage
-from workers.settings import Batching
-from workers.stream.intake import IDLE_POLL_MS, REJOIN_POLL_MS, Intake
-from workers.stream.shared import Completions, Shared
+from dgstream.schemas import ErrorCode
+from dgstream.workers.faults.outage import Outage
+from dgstream.workers.hosting.settings import Batching
+from dgstream.workers.stream.intake import IDLE_POLL_MS, REJOIN_POLL_MS, Intake
+from dgstream.workers.stream.shared import Completions, Shared
 
 pytestmark = pytest.mark.unit
 
@@ -225,7 +225,7 @@ def test_every_poll_lets_parked_records_of_resumed_partitions_back() -> None:
 
 def _behind(consumer: FakeConsumer, waiting: Any) -> None:
     """kafka-python's fetcher with `waiting`'s fetch response in line behind the records
-    being handed out (`workers.kafka_quirks.held_back`)."""
+    being handed out (`workers.kafka.quirks.held_back`)."""
     consumer.stand_at({T0: 0, T1: 0})
     consumer._fetcher = SimpleNamespace(
         _completed_fetches=[SimpleNamespace(topic_partition=waiting)],
@@ -343,7 +343,7 @@ def test_a_record_that_is_no_request_carries_its_refusal() -> None:
 
 
 def test_a_parse_limit_of_the_settings_applies() -> None:
-    from schemas import ParseLimits
+    from dgstream.schemas import ParseLimits
 
     intake, _, _, _, _ = _intake(parse_limits=ParseLimits(max_message_bytes=32))
     e = intake.entry(T0, Rec(3, _request()))
@@ -406,7 +406,7 @@ def test_a_content_type_header_of_a_structured_cloudevent_makes_the_value_one() 
 
 
 def test_a_framed_record_read_while_the_registry_is_away_is_counted_and_logged() -> None:
-    from schemas.framing import frame
+    from dgstream.schemas.framing import frame
 
     # Nothing listens on port 1 of the loopback: the registry is down, not the record bad.
     intake, s, _, _, _ = _intake(

@@ -10,12 +10,12 @@ import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, NotEnoughReplicasError
 from stream_fakes import T0, T1, FakeConsumer, FakeDelivery, Meta, RecordingLog, batch, shared
 
-from workers.engine.types import EngineConfigError, FatalEngineError
-from workers.errors import CommitRefused, OutputFailed, SendFailed, WorkerFailed
-from workers.outage import Outage, OutageClock
-from workers.settings import OutageTuning
-from workers.stream.recovery import REDO_LIMIT, Recovery
-from workers.stream.shared import Completions, Shared
+from dgstream.workers.engine.types import EngineConfigError, FatalEngineError
+from dgstream.workers.faults.errors import CommitRefused, OutputFailed, SendFailed, WorkerFailed
+from dgstream.workers.faults.outage import Outage, OutageClock
+from dgstream.workers.hosting.settings import OutageTuning
+from dgstream.workers.stream.recovery import REDO_LIMIT, Recovery
+from dgstream.workers.stream.shared import Completions, Shared
 
 pytestmark = pytest.mark.unit
 

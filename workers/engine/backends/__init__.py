@@ -5,11 +5,11 @@ registers its `Backend` subclass (`_base.py` says what one owns: its build, its 
 and their key under `engine:`, its audit fields, its checkpoint and its GPUs by default).
 The registry is the only list of backends: the topology file's `engine.backend`, the
 engine's settings keys (`workers.engine.factory.EngineSettings`), `build_engine`, the
-results' audit (`workers.audit`), a replica's GPUs (`WorkerSettings.num_gpus`) and the
+results' audit (`workers.results.audit`), a replica's GPUs (`WorkerSettings.num_gpus`) and the
 "Engine backends" table of docs/configuration.md all read it.
 
 Adding a backend: a module here with a `@register`ed `Backend` subclass, and its tests; its
-row in docs/configuration.md is generated (`python -m topology.docs`).
+row in docs/configuration.md is generated (`python -m dgstream.topology.docs`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import importlib
 import pkgutil
 from typing import Any
 
-from schemas.registry import Registry
-from workers.engine.backends._base import Backend, NoSettings
+from dgstream.schemas.registry import Registry
+from dgstream.workers.engine.backends._base import Backend, NoSettings
 
 __all__ = [
     "Backend",

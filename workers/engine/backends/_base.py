@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # the factory builds its settings from the registry
-    from workers.engine.factory import EngineSettings
-    from workers.engine.template import ChatFormat
-    from workers.engine.types import Engine
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.engine.template import ChatFormat
+    from dgstream.workers.engine.types import Engine
 
 __all__ = [
     "Backend",
@@ -88,7 +88,7 @@ class Backend(Generic[S]):
 
 def model_dir(name: str) -> Path:
     """The directory a transformers model name stands for (built-in, or a path)."""
-    from workers.engine import models
+    from dgstream.workers.engine import models
 
     if name in models.SPECS:
         return models.ensure_tiny_model(name)
@@ -105,14 +105,14 @@ def model_dir(name: str) -> Path:
 def chat_for(path_or_name: str | Path) -> ChatFormat:
     from transformers import AutoTokenizer
 
-    from workers.engine.template import ChatFormat
+    from dgstream.workers.engine.template import ChatFormat
 
     return ChatFormat(AutoTokenizer.from_pretrained(str(path_or_name)))
 
 
 def shared_labels(chat: ChatFormat) -> tuple[int, ...]:
     """The token ids of every label the templates write (an engine's shared label set)."""
-    from workers.engine.template import standard_label_ids
+    from dgstream.workers.engine.template import standard_label_ids
 
     return standard_label_ids(chat.encode, chat.eot_id)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workers.engine.backends import register
-from workers.engine.backends._base import (
+from dgstream.workers.engine.backends import register
+from dgstream.workers.engine.backends._base import (
     Backend,
     NoSettings,
     chat_for,
@@ -16,9 +16,9 @@ from workers.engine.backends._base import (
 )
 
 if TYPE_CHECKING:
-    from workers.engine.factory import EngineSettings
-    from workers.engine.template import ChatFormat
-    from workers.engine.types import Engine
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.engine.template import ChatFormat
+    from dgstream.workers.engine.types import Engine
 
 # The model whose tokenizer the fake engine's prompts are written with.
 TOKENIZER_MODEL = "tiny-random"
@@ -30,7 +30,7 @@ class Fake(Backend[NoSettings]):
     settings = NoSettings
 
     def build(self, engine: EngineSettings) -> tuple[Engine, ChatFormat]:
-        from workers.engine.fake import FakeEngine
+        from dgstream.workers.engine.fake import FakeEngine
 
         chat = chat_for(model_dir(TOKENIZER_MODEL))
         return FakeEngine(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workers.engine.backends import register
-from workers.engine.backends._base import (
+from dgstream.workers.engine.backends import register
+from dgstream.workers.engine.backends._base import (
     Backend,
     NoSettings,
     chat_for,
@@ -17,9 +17,9 @@ from workers.engine.backends._base import (
 )
 
 if TYPE_CHECKING:
-    from workers.engine.factory import EngineSettings
-    from workers.engine.template import ChatFormat
-    from workers.engine.types import Engine
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.engine.template import ChatFormat
+    from dgstream.workers.engine.types import Engine
 
 
 @register
@@ -28,7 +28,7 @@ class Transformers(Backend[NoSettings]):
     settings = NoSettings
 
     def build(self, engine: EngineSettings) -> tuple[Engine, ChatFormat]:
-        from workers.engine.hf_backend import TransformersEngine
+        from dgstream.workers.engine.hf_backend import TransformersEngine
 
         path = model_dir(engine.model)
         built = TransformersEngine.from_pretrained(

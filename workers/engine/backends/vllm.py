@@ -6,20 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workers.engine.backends import register
-from workers.engine.backends._base import (
+from dgstream.workers.engine.backends import register
+from dgstream.workers.engine.backends._base import (
     Backend,
     chat_for,
     directory_checkpoint,
     hub_checkpoint,
     shared_labels,
 )
-from workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.vllm.settings import VllmSettings
 
 if TYPE_CHECKING:
-    from workers.engine.factory import EngineSettings
-    from workers.engine.template import ChatFormat
-    from workers.engine.types import Engine
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.engine.template import ChatFormat
+    from dgstream.workers.engine.types import Engine
 
 
 @register
@@ -31,8 +31,8 @@ class Vllm(Backend[VllmSettings]):
     gpus = 1.0
 
     def build(self, engine: EngineSettings) -> tuple[Engine, ChatFormat]:
-        from workers.engine.vllm.engine import VllmEngine
-        from workers.engine.vllm.sizing import check_model
+        from dgstream.workers.engine.vllm.engine import VllmEngine
+        from dgstream.workers.engine.vllm.sizing import check_model
 
         v = check_model(self.own(engine))  # a setting the model cannot serve: refused here
         chat = chat_for(v.tokenizer or v.model)

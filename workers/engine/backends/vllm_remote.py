@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workers.engine.backends import register
-from workers.engine.backends._base import Backend, chat_for, hub_checkpoint, shared_labels
-from workers.engine.vllm.settings import VllmRemoteSettings
+from dgstream.workers.engine.backends import register
+from dgstream.workers.engine.backends._base import Backend, chat_for, hub_checkpoint, shared_labels
+from dgstream.workers.engine.vllm.settings import VllmRemoteSettings
 
 if TYPE_CHECKING:
-    from workers.engine.factory import EngineSettings
-    from workers.engine.template import ChatFormat
-    from workers.engine.types import Engine
+    from dgstream.workers.engine.factory import EngineSettings
+    from dgstream.workers.engine.template import ChatFormat
+    from dgstream.workers.engine.types import Engine
 
 
 @register
@@ -23,7 +23,7 @@ class VllmRemote(Backend[VllmRemoteSettings]):
     settings_key = "remote"
 
     def build(self, engine: EngineSettings) -> tuple[Engine, ChatFormat]:
-        from workers.engine.vllm.remote import VllmRemoteEngine
+        from dgstream.workers.engine.vllm.remote import VllmRemoteEngine
 
         r = self.own(engine)
         chat = chat_for(r.model)

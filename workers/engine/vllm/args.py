@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.engine.vllm.settings import MAX_NUM_SEQS, VllmSettings
-from workers.engine.vllm.sizing import (
+from dgstream.workers.engine.vllm.settings import MAX_NUM_SEQS, VllmSettings
+from dgstream.workers.engine.vllm.sizing import (
     MAX_SOFT_TOKENS,
     check_full_graphs,
     check_images,
@@ -42,7 +42,7 @@ def read_path_available() -> str | None:
     package metadata, in every process it starts)."""
     from importlib import metadata
 
-    from workers.engine import vllm_reads
+    from dgstream.workers.engine import vllm_reads
 
     try:
         version = metadata.version("vllm")
@@ -130,7 +130,7 @@ def engine_args(settings: VllmSettings, read_path: str | None = None) -> dict[st
     """Keyword arguments for `vllm.engine.arg_utils.AsyncEngineArgs` (settings checked and
     resolved by `check_model` first) for an engine on `read_path` (default: the settings'
     own)."""
-    from workers.engine.vllm_reads.options import ReadPathOptions
+    from dgstream.workers.engine.vllm_reads.options import ReadPathOptions
 
     settings, why = graphs_for_the_share(check_model(settings))
     if why:

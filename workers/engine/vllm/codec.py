@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workers.engine.types import (
+from dgstream.workers.engine.types import (
     EngineUnavailable,
     FatalEngineError,
     Read,
@@ -29,9 +29,9 @@ from workers.engine.types import (
     Slot,
     SlotRead,
 )
-from workers.engine.vllm.images import ImageLayout, multimodal_prompt
-from workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
-from workers.engine.vllm_reads.options import TWO_STEP_KEY
+from dgstream.workers.engine.vllm.images import ImageLayout, multimodal_prompt
+from dgstream.workers.engine.vllm.settings import VllmRemoteSettings, VllmSettings
+from dgstream.workers.engine.vllm_reads.options import TWO_STEP_KEY
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm import SamplingParams

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from workers.engine.types import (
+from dgstream.workers.engine.types import (
     EngineInfo,
     FatalEngineError,
     Read,
@@ -20,10 +20,15 @@ from workers.engine.types import (
     ReadResult,
     RecoverableEngineError,
 )
-from workers.engine.vllm.args import apply_cache_dir, engine_args, resolve_read_path
-from workers.engine.vllm.codec import build_prompt, build_sampling_params, parse_output, settle
-from workers.engine.vllm.images import ImageLayout
-from workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.vllm.args import apply_cache_dir, engine_args, resolve_read_path
+from dgstream.workers.engine.vllm.codec import (
+    build_prompt,
+    build_sampling_params,
+    parse_output,
+    settle,
+)
+from dgstream.workers.engine.vllm.images import ImageLayout
+from dgstream.workers.engine.vllm.settings import VllmSettings
 
 __all__ = ["VllmEngine"]
 
@@ -125,7 +130,7 @@ class VllmEngine:
         """vLLM's engine arguments on the read path that can run here (it says which)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        from workers.engine import vllm_reads
+        from dgstream.workers.engine import vllm_reads
 
         path, why = resolve_read_path(self.settings)
         kwargs = AsyncEngineArgs(**engine_args(self.settings, path))

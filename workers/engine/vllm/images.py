@@ -22,9 +22,9 @@ from typing import Any
 
 from PIL import Image
 
-from workers.engine.types import Read, ReadImage, ReadRejected
-from workers.engine.vision import IMAGE_GRID
-from workers.engine.vllm.sizing import MAX_SOFT_TOKENS
+from dgstream.workers.engine.types import Read, ReadImage, ReadRejected
+from dgstream.workers.engine.vision import IMAGE_GRID
+from dgstream.workers.engine.vllm.sizing import MAX_SOFT_TOKENS
 
 __all__ = ["ImageLayout", "multimodal_prompt", "write_processor_files"]
 

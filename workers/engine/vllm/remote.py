@@ -13,9 +13,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from workers.engine.types import EngineInfo, FatalEngineError, Read, ReadResult
-from workers.engine.vllm.codec import build_completion_body, parse_completion, settle
-from workers.engine.vllm.settings import VllmRemoteSettings
+from dgstream.workers.engine.types import EngineInfo, FatalEngineError, Read, ReadResult
+from dgstream.workers.engine.vllm.codec import build_completion_body, parse_completion, settle
+from dgstream.workers.engine.vllm.settings import VllmRemoteSettings
 
 __all__ = ["VllmRemoteEngine"]
 

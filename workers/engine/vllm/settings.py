@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.images import MAX_IMAGES
-from workers.engine.vllm_reads import rules
+from dgstream.schemas.images import MAX_IMAGES
+from dgstream.workers.engine.vllm_reads import rules
 
 __all__ = [
     "DIFFUSION_GEMMA_VOCAB",

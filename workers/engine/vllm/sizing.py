@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workers.engine.types import EngineConfigError
-from workers.engine.vllm.settings import VllmSettings
+from dgstream.workers.engine.types import EngineConfigError
+from dgstream.workers.engine.vllm.settings import VllmSettings
 
 __all__ = [
     "CARD_ENV",
@@ -54,7 +54,7 @@ def check_model(settings: VllmSettings) -> VllmSettings:
         if settings.max_model_len is None:
             return settings.model_copy(update={"max_model_len": REFERENCE_MAX_MODEL_LEN})
         return settings
-    from workers.engine.models import missing_generation_fields
+    from dgstream.workers.engine.models import missing_generation_fields
 
     text = config.get("text_config") or config
     limit = text.get("max_position_embeddings")
@@ -72,7 +72,7 @@ def check_model(settings: VllmSettings) -> VllmSettings:
         raise EngineConfigError(
             f"engine.vllm.model: {settings.model}/generation_config.json lacks real values "
             f"for {', '.join(missing)} (vLLM reads them raw and fails on null); write them "
-            "with workers.engine.models.write_generation_config"
+            "with dgstream.workers.engine.models.write_generation_config"
         )
     vocab = text.get("vocab_size") or settings.vocab_size
     return settings.model_copy(update={"max_model_len": length, "vocab_size": int(vocab)})
@@ -124,7 +124,7 @@ def stock_utilization(settings: VllmSettings, max_num_seqs: int) -> float:
     the first denoise step that vLLM's memory profile never runs (it would take the memory
     from the KV cache's side otherwise, and fail in the warmup on a 24 GB card), or
     `EngineConfigError` naming the settings when that step leaves nothing."""
-    from workers.engine.vllm_reads.options import GIB, stock_denoise_bytes
+    from dgstream.workers.engine.vllm_reads.options import GIB, stock_denoise_bytes
 
     card = card_bytes()
     if card is None:
@@ -203,7 +203,7 @@ KV_BLOCK_BYTES = 5 * 16 * 2 * 8 * 256 * 2
 # (its "tokens" are requests of max_model_len times max_model_len): 132.6 KiB a token,
 # 2.07 GiB for 16,384 tokens.
 KV_BYTES_PER_TOKEN = REFERENCE_KV_GIB * 2**30 / REFERENCE_KV_TOKENS
-# The shape of the reference checkpoint's text stack (workers.engine.models.full_size_config).
+# The shape of the reference checkpoint's text stack (`workers.engine.models.full_size_config`).
 REFERENCE_TEXT = {"hidden_size": 2816, "num_hidden_layers": 30}
 # Gemma 4's vision tower as the 26B-A4B ships it (no config.json of it here offline; the
 # published GGUF metadata of gemma4:26b-a4b: 27 blocks, width 1152, feed-forward 4304,
@@ -223,7 +223,7 @@ REFERENCE_VISION = {
 # The soft-token budget the engine asks of Gemma 4's processor (`mm_processor_kwargs`
 # max_soft_tokens): its smallest supported value (vLLM 0.33, gemma4_mm.py,
 # `_SUPPORTED_SOFT_TOKENS` = 70, 140, 280, 560, 1120), which keeps the engine's square of
-# IMAGE_GRID x IMAGE_GRID = 64 soft tokens at that size (workers.engine.vllm.images).
+# IMAGE_GRID x IMAGE_GRID = 64 soft tokens at that size (dgstream.workers.engine.vllm.images).
 MAX_SOFT_TOKENS = 70
 
 

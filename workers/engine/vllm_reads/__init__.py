@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from workers.engine.vllm_reads.options import (
+from dgstream.workers.engine.vllm_reads.options import (
     CONFIG_KEY,
     ENTRY_POINT_GROUP,
     ENTRY_POINT_NAME,
@@ -29,7 +29,7 @@ from workers.engine.vllm_reads.options import (
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
-MODEL_CLASS = "workers.engine.vllm_reads.model:DgDiffusionGemma"
+MODEL_CLASS = "dgstream.workers.engine.vllm_reads.model:DgDiffusionGemma"
 
 # Why this process serves reads the way it does: None until `register` ran.
 _status: str | None = None
@@ -64,7 +64,7 @@ def register() -> None:
     stock_hook = model_configs.MODELS_CONFIG_MAP[ARCHITECTURE]
     model_configs.MODELS_CONFIG_MAP[ARCHITECTURE] = _keep_max_num_seqs(stock_hook)
     _status = f"registered for vLLM {version}"
-    from workers.engine.vllm_reads import debug
+    from dgstream.workers.engine.vllm_reads import debug
 
     debug.install()  # inert unless a diagnostics variable is set (debug.py)
 
@@ -73,7 +73,7 @@ def one_step_refusal(vllm_config: Any) -> str | None:
     """Why an engine cannot run one-step reads (None: it can). Read at vLLM's config hook,
     before vLLM picks its own diffusion scheduler, against `rules.ONE_STEP`: the rules the
     engine's settings apply earlier, with the names of the settings."""
-    from workers.engine.vllm_reads import rules
+    from dgstream.workers.engine.vllm_reads import rules
 
     found = rules.clashes(rules.ONE_STEP, rules.shape_of_vllm_config(vllm_config))
     return "; ".join(found) or None
@@ -102,7 +102,7 @@ def _keep_max_num_seqs(stock_hook: type) -> type:
             if options.enabled and options.one_step and scheduler is not None:
                 why = one_step_refusal(vllm_config)
                 if why is None:
-                    from workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
+                    from dgstream.workers.engine.vllm_reads.scheduler import SCHEDULER_CLASS
 
                     scheduler.scheduler_cls = SCHEDULER_CLASS
                 else:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.engine.vllm_reads.rows import to_device
+from dgstream.workers.engine.vllm_reads.rows import to_device
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.engine.vllm_reads.loggers import reads_logger
+from dgstream.workers.engine.vllm_reads.loggers import reads_logger
 
 logger = reads_logger("debug")
 

@@ -31,9 +31,9 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu import model_runner as runner_module
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor as Desc
 
-from workers.engine.vllm_reads import rules
-from workers.engine.vllm_reads.loggers import reads_logger
-from workers.engine.vllm_reads.options import ReadPathOptions
+from dgstream.workers.engine.vllm_reads import rules
+from dgstream.workers.engine.vllm_reads.loggers import reads_logger
+from dgstream.workers.engine.vllm_reads.options import ReadPathOptions
 
 logger = reads_logger("graphs")
 

@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 from vllm.model_executor.models import diffusion_gemma as dg
 
-from workers.engine.vllm_reads import debug
-from workers.engine.vllm_reads.admission import Admissions
-from workers.engine.vllm_reads.loggers import reads_logger
-from workers.engine.vllm_reads.options import ReadPathOptions
-from workers.engine.vllm_reads.plan import fused_ranges, fused_requests, spans
-from workers.engine.vllm_reads.rows import fill_device, to_device
+from dgstream.workers.engine.vllm_reads import debug
+from dgstream.workers.engine.vllm_reads.admission import Admissions
+from dgstream.workers.engine.vllm_reads.loggers import reads_logger
+from dgstream.workers.engine.vllm_reads.options import ReadPathOptions
+from dgstream.workers.engine.vllm_reads.plan import fused_ranges, fused_requests, spans
+from dgstream.workers.engine.vllm_reads.rows import fill_device, to_device
 
 logger = reads_logger("model")
 
@@ -55,7 +55,7 @@ def fix_unpooled_tower(tower: Any) -> None:
     pooling towers (the full-size one) are left as they are."""
     if tower is None or int(getattr(tower.config, "pooling_kernel_size", 1) or 1) != 1:
         return
-    from workers.engine.vllm_reads.tower import fix_unpooled_mask
+    from dgstream.workers.engine.vllm_reads.tower import fix_unpooled_mask
 
     fix_unpooled_mask(tower)
 
@@ -142,7 +142,7 @@ class DgModelState(dg.DiffusionGemmaModelState):
         self._said_fused_full = False
         if self.read_path and options.full_graph_tokens:
             # Before the runner builds its graph manager (it loads the model first).
-            from workers.engine.vllm_reads import graphs
+            from dgstream.workers.engine.vllm_reads import graphs
 
             graphs.install()
         # Logit rows per request of the step being prepared (`prepare_inputs`).
@@ -162,7 +162,7 @@ class DgModelState(dg.DiffusionGemmaModelState):
         stock = super().custom_sampler(sampler)
         if not self.read_path or stock is None:
             return stock
-        from workers.engine.vllm_reads.sampler import DgReadSampler
+        from dgstream.workers.engine.vllm_reads.sampler import DgReadSampler
 
         return DgReadSampler(stock[0], self), stock[1]
 

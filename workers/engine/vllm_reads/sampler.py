@@ -27,17 +27,17 @@ import torch
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.penalties import use_penalty
 
-from workers.engine.vllm_reads import debug
-from workers.engine.vllm_reads.admission import Admissions
-from workers.engine.vllm_reads.loggers import reads_logger
-from workers.engine.vllm_reads.options import ReadPathOptions, vocab_tile_rows
-from workers.engine.vllm_reads.plan import (
+from dgstream.workers.engine.vllm_reads import debug
+from dgstream.workers.engine.vllm_reads.admission import Admissions
+from dgstream.workers.engine.vllm_reads.loggers import reads_logger
+from dgstream.workers.engine.vllm_reads.options import ReadPathOptions, vocab_tile_rows
+from dgstream.workers.engine.vllm_reads.plan import (
     StepPlan,
     fused_requests,
     plan_step,
     reports_raw_logits,
 )
-from workers.engine.vllm_reads.rows import (
+from dgstream.workers.engine.vllm_reads.rows import (
     RowReads,
     concat_rows,
     label_rows,

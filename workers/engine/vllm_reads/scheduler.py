@@ -30,15 +30,15 @@ from typing import Any
 
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionAsyncScheduler
 
-from workers.engine.vllm_reads.loggers import reads_logger
-from workers.engine.vllm_reads.options import TWO_STEP_KEY, ReadPathOptions
-from workers.engine.vllm_reads.plan import reports_raw_logits
+from dgstream.workers.engine.vllm_reads.loggers import reads_logger
+from dgstream.workers.engine.vllm_reads.options import TWO_STEP_KEY, ReadPathOptions
+from dgstream.workers.engine.vllm_reads.plan import reports_raw_logits
 
 logger = reads_logger("scheduler")
 # The fused-read counts that are logged (the first proves the path runs; then a heartbeat).
 LOG_EVERY = 10_000
 
-SCHEDULER_CLASS = "workers.engine.vllm_reads.scheduler.DgOneStepScheduler"
+SCHEDULER_CLASS = "dgstream.workers.engine.vllm_reads.scheduler.DgOneStepScheduler"
 
 
 def one_step_width(params: Any) -> int | None:

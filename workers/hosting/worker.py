@@ -1,7 +1,7 @@
 """The stream worker: consume requests, answer them in micro-batches, publish, lose nothing.
 
 `StreamWorker` is plain Python (threads and one asyncio loop) so it runs and is tested
-without Ray; `workers.actor.WorkerActor` wraps it for the pool. It is the public face
+without Ray; `workers.hosting.actor.WorkerActor` wraps it for the pool. It is the public face
 (run, drain, stop, status, report) over the roles of `workers.stream`, one module each:
 the consume loop, intake, partition ownership, the engine stage, recovery and delivery.
 It builds them, hands each the shared state, the completion queue and the ports it needs,
@@ -19,25 +19,25 @@ from typing import Any, Literal
 import structlog
 from kafka import KafkaAdminClient
 
-from workers.batches import tp_name
-from workers.decisions import Decisions
-from workers.engine.classifier import Classifier
-from workers.errors import WorkerFailed
-from workers.kafka_admin import subscribe_known
-from workers.logs import configure_logging, get_logger, quiet_kafka_debug
-from workers.metrics import WorkerMetrics
-from workers.outputs import OutputBuilder
-from workers.poll_errors import unreadable_batch
-from workers.settings import WorkerSettings
-from workers.status import Stall, StallWatch
-from workers.stream.delivery import Delivery, delivery_for
-from workers.stream.engine_stage import EngineStage
-from workers.stream.intake import Intake
-from workers.stream.loop import ConsumeLoop
-from workers.stream.ownership import Listener, Ownership, make_consumer, membership
-from workers.stream.recovery import Recovery
-from workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
-from workers.topics import TopicGuard, admin_describe
+from dgstream.workers.engine.classifier import Classifier
+from dgstream.workers.faults.errors import WorkerFailed
+from dgstream.workers.faults.poll_errors import unreadable_batch
+from dgstream.workers.hosting.logs import configure_logging, get_logger, quiet_kafka_debug
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.hosting.status import Stall, StallWatch
+from dgstream.workers.kafka.admin import subscribe_known
+from dgstream.workers.results.decisions import Decisions
+from dgstream.workers.steps.batches import tp_name
+from dgstream.workers.steps.outputs import OutputBuilder
+from dgstream.workers.steps.topics import TopicGuard, admin_describe
+from dgstream.workers.stream.delivery import Delivery, delivery_for
+from dgstream.workers.stream.engine_stage import EngineStage
+from dgstream.workers.stream.intake import Intake
+from dgstream.workers.stream.loop import ConsumeLoop
+from dgstream.workers.stream.ownership import Listener, Ownership, make_consumer, membership
+from dgstream.workers.stream.recovery import Recovery
+from dgstream.workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
 __all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
 
@@ -76,7 +76,7 @@ class StreamWorker:
         self._finished = threading.Event()
         self._started_at: float | None = None
         self._summary: dict[str, Any] = {}
-        # STALLED: held records whose committed offsets do not move (`workers.status`).
+        # STALLED: held records whose committed offsets do not move (`workers.hosting.status`).
         self._stalls = StallWatch(self._shared, lambda: self._consumer, lambda: self._state)
         # The clients and the roles, built by run() (`_setup`).
         self._consumer: Any = None
@@ -193,7 +193,7 @@ class StreamWorker:
         }
 
     def stall(self) -> Stall | None:
-        """Why the worker is stalled (`workers.status.StallWatch`), or None. Any thread."""
+        """Why the worker is stalled (`workers.hosting.status.StallWatch`), or None. Any thread."""
         return self._stalls.read()[1]
 
     def report(self) -> tuple[WorkerState, int, int, float]:

@@ -9,7 +9,7 @@ it, the controller backs its restarts off, and the operator decides (docs/operat
 "A batch that cannot be read": fix the cause, or skip the batch with `dgstream
 skip-batch`). Nothing is skipped unless the operator asks.
 
-A batch that decompresses past the worker's bound (`workers.inputs.bound_consumer`) is
+A batch that decompresses past the worker's bound (`workers.steps.inputs.bound_consumer`) is
 not one of these: it is readable as far as the bound, so the consumer returns one record
 standing for it, which the worker dead-letters (BATCH_TOO_LARGE) and commits past like any
 other; its partition moves on without an operator. The bounded reading decompresses with
@@ -24,9 +24,9 @@ from typing import Any
 
 from kafka.errors import CorruptRecordError, UnsupportedCodecError
 
-from workers.decompress import Undecodable
-from workers.errors import WorkerFailed
-from workers.kafka_quirks import fetching_partition
+from dgstream.workers.faults.errors import WorkerFailed
+from dgstream.workers.kafka.decompress import Undecodable
+from dgstream.workers.kafka.quirks import fetching_partition
 
 __all__ = ["CAUSES", "UnreadableBatch", "unreadable_batch"]
 
@@ -95,7 +95,7 @@ def _cause(exc: BaseException) -> str | None:
 
 def _failing_partition(consumer: Any, exc: BaseException) -> tuple[str | None, int | None]:
     """The partition whose batch raised: the one kafka-python was unpacking
-    (`workers.kafka_quirks.fetching_partition`), else the one the CRC message names."""
+    (`workers.kafka.quirks.fetching_partition`), else the one the CRC message names."""
     found = fetching_partition(consumer)
     if found is not None:
         return found

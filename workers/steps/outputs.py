@@ -1,16 +1,16 @@
 """Step 8 of the worker: one output per input record, in input order. `OutputBuilder` is the
 one owner of a record's way from the engine's answer to the bytes delivery sends: it
 calibrates, routes, audits, encodes, keys, heads, frames and fits a result (steps 8.1-8.8
-of `_result`), or dead-letters it, and hands delivery one `workers.batches.Output` per
-record. What it needs of a record travels in its `workers.decisions.RecordContext`.
-`workers.records` holds the pure rules it applies (keys, headers, fitting, dead-letter
-forms), `workers.topics` what it knows of each topic.
+of `_result`), or dead-letters it, and hands delivery one `workers.steps.batches.Output` per
+record. What it needs of a record travels in its `workers.results.decisions.RecordContext`.
+`workers.steps.records` holds the pure rules it applies (keys, headers, fitting, dead-letter
+forms), `workers.steps.topics` what it knows of each topic.
 
 A result goes to the output topic, or to the request's `reply_topic` when the pipeline
-allows it and the cluster has it (`workers.topics.TopicGuard`); a result that may not go
+allows it and the cluster has it (`workers.steps.topics.TopicGuard`); a result that may not go
 where it asks becomes a dead letter with the reason's code, and its neighbours are
 answered. Every record is made to fit its topic here, to the byte, by one decision
-(`workers.records`: `fit_record`, `dead_letter_record`): a result too large with the
+(`workers.steps.records`: `fit_record`, `dead_letter_record`): a result too large with the
 input's key and headers sheds them (and says so), one too large without them is
 dead-lettered `OUTPUT_TOO_LARGE`, and a dead letter takes the first of its forms that fits,
 down to a reference to the original. So the producer never refuses a record in send(), and
@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import (
+from dgstream.schemas import (
     SCHEMA_VERSION,
     ClassificationResult,
     DeadLetter,
@@ -36,13 +36,16 @@ from schemas import (
     encode_output,
     get_format,
 )
-from schemas.framing import frame
-from workers.batches import Batch, Output
-from workers.decisions import Decisions, RecordContext, contexts
-from workers.decompress import CutValue, UnreadBatch
-from workers.errors import WorkerFailed
-from workers.outage import Outage
-from workers.records import (
+from dgstream.schemas.framing import frame
+from dgstream.workers.faults.errors import WorkerFailed
+from dgstream.workers.faults.outage import Outage
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.decompress import CutValue, UnreadBatch
+from dgstream.workers.kafka.schema_registry import RegistryClient, RegistryDown
+from dgstream.workers.results.decisions import Decisions, RecordContext, contexts
+from dgstream.workers.routes import Router
+from dgstream.workers.steps.batches import Batch, Output
+from dgstream.workers.steps.records import (
     RESULT_CORE,
     Original,
     dead_letter_record,
@@ -51,10 +54,7 @@ from workers.records import (
     output_key,
     reference_floor,
 )
-from workers.registry import RegistryClient, RegistryDown
-from workers.routes import Router
-from workers.settings import WorkerSettings
-from workers.topics import Known, Limit, TopicGuard, record_size
+from dgstream.workers.steps.topics import Known, Limit, TopicGuard, record_size
 
 __all__ = ["OutputBuilder"]
 
@@ -245,7 +245,7 @@ class OutputBuilder:
 
     async def dead_letter(self, ctx: RecordContext, error: RequestError) -> Output:
         """The refused record's dead letter, in the first of its forms that fits the
-        dead-letter topic (`workers.records.dead_letter_record`): the JSON document, the
+        dead-letter topic (`workers.steps.records.dead_letter_record`): the JSON document, the
         original itself with the error in headers (Kafka Connect's convention), the
         document with part of the original, or with none of it but where it is."""
         s, entry = self._settings, ctx.entry
@@ -260,7 +260,7 @@ class OutputBuilder:
             self._name,
             headers=entry.headers,
             fallback_id=entry.fallback_id,
-            # What the consumer's memory bound left of the value (`workers.decompress`):
+            # What the consumer's memory bound left of the value (`workers.kafka.decompress`):
             # its first bytes, or nothing of a batch it did not read.
             complete=not isinstance(entry.value, CutValue | UnreadBatch),
             original_size=entry.value.size if isinstance(entry.value, CutValue) else None,

@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
-from schemas import Audit, AuditImage, ClassificationRequest, digest
-from schemas.audit import canonical_json
-from workers.engine.backends import get_backend
-from workers.engine.backends._base import content_hash
-from workers.engine.factory import EngineSettings
-from workers.engine.template import PROMPT_TEMPLATE_VERSION
+from dgstream.schemas import Audit, AuditImage, ClassificationRequest, digest
+from dgstream.schemas.audit import canonical_json
+from dgstream.workers.engine.backends import get_backend
+from dgstream.workers.engine.backends._base import content_hash
+from dgstream.workers.engine.factory import EngineSettings
+from dgstream.workers.engine.template import PROMPT_TEMPLATE_VERSION
 
 __all__ = ["Auditor", "checkpoint_of", "content_hash", "engine_fields", "routes_hash"]
 

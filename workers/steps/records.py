@@ -12,11 +12,11 @@ its headers, both taken from the input record so that consumers keep what they r
   else a CloudEvents consumer would take the result for the request. A null header value
   is copied as empty bytes (the Kafka client writes bytes only).
 
-`workers.outputs.OutputBuilder` puts a result's record together (its topic, key, value
+`workers.steps.outputs.OutputBuilder` puts a result's record together (its topic, key, value
 and headers) by these rules; nothing here knows of routes, audits or traces.
 
 The one place that decides an output's final form, so that every record fits its topic
-(`workers.topics.Limit`, to the byte) and the worker never sends what the producer or the
+(`workers.steps.topics.Limit`, to the byte) and the worker never sends what the producer or the
 broker would refuse:
 
 - `fit_record`, a result (and the dead letter's record around its document): as it is;
@@ -35,7 +35,7 @@ broker would refuse:
   last, nothing of the original (`reference`: topic, partition, offset, `original_sha256`).
   The error's message and field are cut to a few hundred bytes in the last two, so that
   the last always fits any dead-letter topic of at least `reference_floor` bytes (checked
-  at start: `workers.outputs`).
+  at start: `workers.steps.outputs`).
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ from typing import NamedTuple
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import size_of_varint
 
-from schemas import (
+from dgstream.schemas import (
     DeadLetter,
     ErrorCode,
     RequestError,
 )
-from schemas.cloudevents import is_event_header
-from schemas.dead_letter import RAW_FORMAT, sha256_hex
-from workers.topics import Limit, header_size, record_size
+from dgstream.schemas.cloudevents import is_event_header
+from dgstream.schemas.dead_letter import RAW_FORMAT, sha256_hex
+from dgstream.workers.steps.topics import Limit, header_size, record_size
 
 __all__ = [
     "DEAD_LETTER_CORE",

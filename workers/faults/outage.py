@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from kafka.errors import KafkaError, KafkaTimeoutError
 
-from workers.settings import OutageTuning
+from dgstream.workers.hosting.settings import OutageTuning
 
 __all__ = ["Outage", "OutageClock", "OutageKind", "produce_outage"]
 

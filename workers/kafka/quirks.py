@@ -17,7 +17,7 @@ from kafka import TopicPartition
 from kafka.errors import ProducerFencedError
 from kafka.structs import MemberState
 
-from schemas.headers import HeaderKey, java_text
+from dgstream.schemas.headers import HeaderKey, java_text
 
 __all__ = [
     "OFFSET_FETCH_TIMEOUT_MS",
@@ -284,7 +284,7 @@ def fenced(producer: Any) -> bool:
 
 def fetching_partition(consumer: Any) -> tuple[str, int] | None:
     """The partition whose record batch kafka-python's fetcher was unpacking when a poll
-    raised (a batch it cannot read: `workers.poll_errors`). kafka-python 3.0 says so only in
+    raised (a batch it cannot read: `workers.faults.poll_errors`). kafka-python 3.0 says so only in
     its fetcher's private state (the records in line, or the exception it holds for them);
     None when neither names one."""
     fetcher = getattr(consumer, "_fetcher", None)
@@ -302,7 +302,7 @@ def bound_batches(consumer: Any, batch_bytes: int, value_bytes: int) -> bool:
     kafka/codec.py's decoders), and copies each value out of it whole (`_read_msg`): 19 KB
     of zstd became 200 MB, then copies of it. From this call on, the consumer's fetcher
     (`consumer._fetcher.PartitionRecords`, the class it builds for each fetched partition)
-    reads every v2 batch through `workers.decompress`, in chunks:
+    reads every v2 batch through `workers.kafka.decompress`, in chunks:
 
     * a batch that decompresses past `batch_bytes` is not read: one record stands for it,
       at its last offset (so the partition's position moves past the batch, as reading it
@@ -372,7 +372,7 @@ class _BoundedBatch:
         return next(self._batch)
 
     def __iter__(self) -> Any:
-        from workers.decompress import OverBound, UnreadBatch, decompress
+        from dgstream.workers.kafka.decompress import OverBound, UnreadBatch, decompress
 
         batch = self._batch
         codec = batch.compression_type
@@ -403,7 +403,7 @@ class _BoundedBatch:
         return self._cut(iter(batch))
 
     def _cut(self, records: Any) -> Any:
-        from workers.decompress import CutValue
+        from dgstream.workers.kafka.decompress import CutValue
 
         keep = self._value_bytes
         for record in records:

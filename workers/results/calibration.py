@@ -33,8 +33,8 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from schemas import ClassificationResult, QuestionKind, digest
-from schemas.kinds import get_kind, kind_of_type
+from dgstream.schemas import ClassificationResult, QuestionKind, digest
+from dgstream.schemas.kinds import get_kind, kind_of_type
 
 __all__ = [
     "Calibration",

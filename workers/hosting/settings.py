@@ -1,7 +1,7 @@
 """Everything one stream worker needs, as one frozen, validated object (`WorkerSettings`).
 
 The topology controller builds one per replica (same pipeline, a different `replica`) and
-hands it to `workers.actor.WorkerActor`; tests build it directly. Every tuning constant says
+hands it to `workers.hosting.actor.WorkerActor`; tests build it directly. Every tuning constant says
 where its value came from. Secrets live only inside `kafka` (a `KafkaConnection`), which
 never prints them.
 
@@ -19,28 +19,28 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from schemas import (
+from dgstream.schemas import (
     DEFAULT_LIMITS,
     ParseLimits,
     Question,
     RequestRejected,
     question_order,
 )
-from schemas.formats import OutputFields
-from schemas.kinds import holds_kinds
-from schemas.names import (
+from dgstream.schemas.formats import OutputFields
+from dgstream.schemas.kinds import holds_kinds
+from dgstream.schemas.names import (
     DEPLOYMENT_NAME_PATTERN,
     QUESTION_ID_PATTERN,
     is_question_id,
     is_topic_name,
 )
-from workers.calibration import Calibration
-from workers.engine.factory import EngineSettings
-from workers.images.settings import ImageSettings
-from workers.kafka_settings import KafkaConnection
-from workers.registry import RegistrySettings
-from workers.routes import Route, check_routes
-from workers.tracing import TracingSettings
+from dgstream.workers.engine.factory import EngineSettings
+from dgstream.workers.images.settings import ImageSettings
+from dgstream.workers.kafka.schema_registry import RegistrySettings
+from dgstream.workers.kafka.settings import KafkaConnection
+from dgstream.workers.results.calibration import Calibration
+from dgstream.workers.results.tracing import TracingSettings
+from dgstream.workers.routes import Route, check_routes
 
 __all__ = [
     "RUNTIME_ONLY",
@@ -120,7 +120,7 @@ class ConsumerTuning(_Frozen):
     # The most bytes one record batch may decompress to; past it the batch is not read but
     # dead-lettered once, by reference (BATCH_TOO_LARGE; docs/worker.md, "Memory per
     # record"). None: 32 x parse_limits.max_message_bytes (32 MiB by default), derived in
-    # `workers.inputs.bounds`: every default producer's batches stay far below it.
+    # `workers.steps.inputs.bounds`: every default producer's batches stay far below it.
     max_batch_bytes: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -192,7 +192,7 @@ class OutageTuning(_Frozen):
 class PoisonTuning(_Frozen):
     """A record that keeps killing the worker (an engine crash on it, the process killed
     while it runs) is isolated, not retried forever. The count lives in the committed
-    offset's metadata of its partition (`workers.poison`)."""
+    offset's metadata of its partition (`workers.faults.poison`)."""
 
     # The work from one committed offset was started by this many incarnations that all
     # died before committing past it: the partition's next records run one at a time, each
@@ -260,14 +260,14 @@ class PipelineFields(OutputFields, _Frozen):
     # (commit_timeout_s, 60 s). A revocation's wait (30 s) and a batch's wait to fill (50 ms)
     # fit within those. Below max_poll_interval_ms (300 s), after which Kafka itself takes
     # the member's partitions away. The worker counts from when its oldest held batch
-    # started, or from its consumer thread's last poll while it owns lag (`workers.status`;
+    # started, or from its consumer thread's last poll while it owns lag (`workers.hosting.status`;
     # an outage is not a stall).
 
     # A replica holding records whose committed offsets have not moved for this long (or
     # not answering its status calls for this long) is STALLED: `dgstream status` exits 1,
     # `dgstream_failing{cause="STALLED"}` (docs/operations.md, "Health: STALLED and
     # FAILING"). 240 s: the longest a healthy worker's oldest batch waits with the defaults
-    # (workers/settings.py says how it adds up).
+    # (workers/hosting/settings.py says how it adds up).
     stall_after_s: float = Field(default=240, gt=0)
     delivery: Delivery = "at_least_once"
     # "confluent": input values carry the Schema Registry wire format (0x00, a 4-byte schema
@@ -466,6 +466,6 @@ class WorkerSettings(PipelineFields):
         """GPUs the actor asks Ray for."""
         if self.resources.gpus is not None:
             return self.resources.gpus
-        from workers.engine.backends import get_backend
+        from dgstream.workers.engine.backends import get_backend
 
         return get_backend(self.engine.backend).gpus  # the backend's default (vllm: 1)

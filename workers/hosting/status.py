@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.batches import tp_name
+from dgstream.workers.steps.batches import tp_name
 
 __all__ = ["ProgressClock", "ReplicaReport", "Stall", "StallWatch"]
 
@@ -204,7 +204,7 @@ class ReplicaReport:
     dead_lettered: int
     engine_seconds: float  # engine time since the actor (re)started
     error: str | None = None  # what the actor could not do (its Kafka login, say)
-    # Why it stopped, as a code (`workers.poll_errors.CAUSES`: a batch it cannot read);
+    # Why it stopped, as a code (`workers.faults.poll_errors.CAUSES`: a batch it cannot read);
     # None for other errors.
     cause: str | None = None
     # Running but stalled (`Stall.describe()`), and for how long; None when it progresses.

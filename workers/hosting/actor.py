@@ -28,11 +28,11 @@ from typing import Any
 
 import ray
 
-from workers.logs import configure_logging, get_logger
-from workers.poll_errors import UnreadableBatch
-from workers.settings import WorkerSettings
-from workers.status import ReplicaReport
-from workers.worker import StreamWorker
+from dgstream.workers.faults.poll_errors import UnreadableBatch
+from dgstream.workers.hosting.logs import configure_logging, get_logger
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.hosting.status import ReplicaReport
+from dgstream.workers.hosting.worker import StreamWorker
 
 __all__ = [
     "WorkerActor",
@@ -92,7 +92,7 @@ class _WorkerActorImpl:
         return self.status()
 
     def _run(self) -> None:
-        from workers.kafka_probe import KafkaConnectError, check_connection
+        from dgstream.workers.kafka.probe import KafkaConnectError, check_connection
 
         try:
             check_connection(self._settings.kafka)

@@ -21,7 +21,7 @@ from kafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from workers.kafka_settings import KafkaConnection
+from dgstream.workers.kafka.settings import KafkaConnection
 
 __all__ = [
     "AdminTarget",

@@ -18,7 +18,7 @@ import struct
 import time
 from typing import Any, Literal
 
-from workers.kafka_settings import KafkaConnection, MissingSecret
+from dgstream.workers.kafka.settings import KafkaConnection, MissingSecret
 
 __all__ = ["REASONS", "KafkaConnectError", "check_connection"]
 

@@ -17,24 +17,24 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import (
+from dgstream.schemas import (
     AuditImage,
     ClassificationRequest,
     ClassificationResult,
     ErrorCode,
     RequestError,
 )
-from schemas import parse_request as _parse
-from workers.engine.classifier import Classifier
-from workers.engine.types import (
+from dgstream.schemas import parse_request as _parse
+from dgstream.workers.engine.classifier import Classifier
+from dgstream.workers.engine.types import (
     EngineUnavailable,
     FatalEngineError,
     ReadImage,
     ReadRejected,
     RecoverableEngineError,
 )
-from workers.images import InputGate
-from workers.outage import Outage
+from dgstream.workers.faults.outage import Outage
+from dgstream.workers.images import InputGate
 
 __all__ = ["PROBE", "BatchClassifier"]
 

@@ -324,8 +324,8 @@ class KafkaConnection(BaseModel):
         """Keyword arguments for kafka-python clients; the only place secrets are unwrapped
         (named ones are read from this process's environment here: `MissingSecret`).
         Every client dgstream builds comes through here, so kafka-python's workarounds that
-        act process-wide are put in place here first (`workers.kafka_quirks.install`)."""
-        from workers.kafka_quirks import install
+        act process-wide are put in place here first (`workers.kafka.quirks.install`)."""
+        from dgstream.workers.kafka.quirks import install
 
         install()
         kw: dict[str, Any] = {

@@ -5,7 +5,7 @@ Kafka bounds a batch's *compressed* size (the broker's message.max.bytes, 1 MiB 
 default), not what it decompresses to: 19 KB of zstd may hold 200 MB. kafka-python
 decompresses a whole batch at once (`DefaultRecordBatch._maybe_uncompress` through
 `kafka/codec.py`), then copies every value out of it. The worker's consumer reads batches
-through `workers.kafka_quirks.bound_batches` instead, which uses `decompress` here: the
+through `workers.kafka.quirks.bound_batches` instead, which uses `decompress` here: the
 same codec libraries kafka-python uses (looked up in `kafka.codec` at each call, so a
 process without one is refused as kafka-python refuses it), read in chunks, stopped one
 chunk past the bound.
@@ -17,7 +17,7 @@ can send: values from the wire are plain `bytes`, these are subclasses):
   offset, empty; it says where the batch is (its offsets stay readable in the topic).
 * `CutValue`: a value longer than the bound per value: its first bytes, and its size.
 
-`workers.inputs` refuses both with their codes (BATCH_TOO_LARGE, MESSAGE_TOO_LARGE).
+`workers.steps.inputs` refuses both with their codes (BATCH_TOO_LARGE, MESSAGE_TOO_LARGE).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class OverBound(Exception):
 
 class Undecodable(Exception):
     """The codec library refused the batch's bytes (the cause is chained):
-    `workers.poll_errors` names it UNDECODABLE_BATCH, as when kafka-python's own decoder
+    `workers.faults.poll_errors` names it UNDECODABLE_BATCH, as when kafka-python's own decoder
     raises."""
 
 

@@ -1,11 +1,11 @@
 """What a worker adds to each decision besides the answer, built once per worker: the
 calibration applied before the routes, the audit of each result, the CloudEvents
-attributes of its records, and its traces (`workers.tracing`, off by default).
+attributes of its records, and its traces (`workers.results.tracing`, off by default).
 
 What they need of one record travels in one `RecordContext` (its entry, its place in the
 batch, the batch's trace, its CloudEvents id), made once per record by `contexts`, instead
 of as positional arguments through every call. The engine stage opens a batch's trace
-(`trace_batch`) and marks its engine read; the output stage (`workers.outputs`) makes the
+(`trace_batch`) and marks its engine read; the output stage (`workers.steps.outputs`) makes the
 contexts, and calibrates, audits and heads each record with them; the delivery ends the
 trace when the batch's outputs are acknowledged (`end_trace`).
 """
@@ -18,13 +18,18 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from schemas import Audit, AuditImage, ClassificationRequest, ClassificationResult
-from schemas.cloudevents import DEAD_LETTER_TYPE, RESULT_TYPE, event_headers, input_event_id
-from workers.audit import Auditor, checkpoint_of
-from workers.batches import Batch, Entry
-from workers.calibration import Calibrator
-from workers.settings import WorkerSettings
-from workers.tracing import BatchTrace, RecordRef, Tracing, trace_id_of
+from dgstream.schemas import Audit, AuditImage, ClassificationRequest, ClassificationResult
+from dgstream.schemas.cloudevents import (
+    DEAD_LETTER_TYPE,
+    RESULT_TYPE,
+    event_headers,
+    input_event_id,
+)
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.results.audit import Auditor, checkpoint_of
+from dgstream.workers.results.calibration import Calibrator
+from dgstream.workers.results.tracing import BatchTrace, RecordRef, Tracing, trace_id_of
+from dgstream.workers.steps.batches import Batch, Entry
 
 __all__ = ["Decisions", "RecordContext", "contexts"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kafka import TopicPartition
 
-from workers.settings import PoisonTuning
+from dgstream.workers.hosting.settings import PoisonTuning
 
 __all__ = ["PROGRESS", "Attempts", "Mark", "PoisonGuard", "parse_attempts"]
 

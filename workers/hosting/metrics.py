@@ -23,8 +23,8 @@ from typing import Any
 __all__ = ["WORKER_STATES", "WorkerMetrics"]
 
 _BASE_TAGS = ("pipeline", "worker")
-# The values of `dgstream_worker_state`'s `state` tag: `workers.worker.WorkerState`'s, with
-# "stalled" for a running worker that makes no progress (`workers.status`).
+# The values of `dgstream_worker_state`'s `state` tag: `workers.hosting.worker.WorkerState`'s, with
+# "stalled" for a running worker that makes no progress (`workers.hosting.status`).
 WORKER_STATES = (
     "new",
     "starting",

@@ -27,8 +27,8 @@ from typing import Any
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import size_of_varint
 
-from schemas import ErrorCode, RequestError
-from workers.settings import WorkerSettings
+from dgstream.schemas import ErrorCode, RequestError
+from dgstream.workers.hosting.settings import WorkerSettings
 
 __all__ = ["BAD_TTL_S", "Known", "Limit", "TopicGuard", "batch_size", "header_size", "record_size"]
 

@@ -13,13 +13,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from schemas import ClassificationRequest, ErrorCode, FallbackId, RequestError, parse_request
-from schemas.framing import unframe
-from workers.decompress import CutValue, UnreadBatch
-from workers.kafka_quirks import bound_batches
-from workers.metrics import WorkerMetrics
-from workers.registry import RegistryClient
-from workers.settings import WorkerSettings
+from dgstream.schemas import (
+    ClassificationRequest,
+    ErrorCode,
+    FallbackId,
+    RequestError,
+    parse_request,
+)
+from dgstream.schemas.framing import unframe
+from dgstream.workers.hosting.metrics import WorkerMetrics
+from dgstream.workers.hosting.settings import WorkerSettings
+from dgstream.workers.kafka.decompress import CutValue, UnreadBatch
+from dgstream.workers.kafka.quirks import bound_batches
+from dgstream.workers.kafka.schema_registry import RegistryClient
 
 __all__ = ["BATCH_RECORDS_AT_LIMIT", "InputReader", "bound_consumer", "bounds"]
 
@@ -48,7 +54,7 @@ def bounds(settings: WorkerSettings) -> tuple[int, int]:
 
 def bound_consumer(consumer: Any, settings: WorkerSettings) -> bool:
     """Bound what one record batch and one value cost this consumer in memory
-    (`workers.kafka_quirks.bound_batches` with `bounds(settings)`); call it on the
+    (`workers.kafka.quirks.bound_batches` with `bounds(settings)`); call it on the
     worker's consumer before its first poll. Returns whether the bound is in place."""
     return bound_batches(consumer, *bounds(settings))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from kafka import TopicPartition
 
-from schemas import ClassificationRequest, RequestError
+from dgstream.schemas import ClassificationRequest, RequestError
 
 __all__ = ["Batch", "Entry", "Output", "tp_name"]
 
@@ -53,7 +53,7 @@ class Batch:
     # Abandoned (its work is read again from the committed offsets): it must produce
     # nothing more. Set under the exactly-once committer's lock, read under it.
     cancelled: bool = False
-    # Its spans (`workers.tracing.BatchTrace`) while tracing is on: opened by the engine
+    # Its spans (`workers.results.tracing.BatchTrace`) while tracing is on: opened by the engine
     # stage, ended when its outputs are acknowledged or it fails.
     trace: Any = None
 

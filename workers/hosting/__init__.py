@@ -1,0 +1,3 @@
+"""Hosting: the stream worker's facade (`worker`), its Ray actor (`actor`), its settings,
+status, metrics and logs.
+"""
