@@ -96,6 +96,39 @@ def separation(ref: dict[str, Any], sample: int = 1000, seed: int = 0) -> dict[s
     return _quantiles(nearest)
 
 
+def identity(ref: dict[str, Any], run: dict[str, Any], chunk: int = 512) -> dict[str, Any]:
+    """Whether each read of the run is its own: nearer (largest logprob gap) to the same read
+    of the reference than to every other reference read of its shape. A read answered with
+    another read's values, the silent failure a soak looks for, is nearer to that other read
+    (`misplaced`); `margin` is how much nearer each read is to itself than to any other."""
+    shapes: dict[tuple[int, ...], list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    for tag, r in ref["reads"].items():
+        a, b = _values(r), _values(run["reads"].get(tag))
+        if a is None or b is None:
+            continue
+        shape = tuple(len(s) for s in a)
+        if shape != tuple(len(s) for s in b):
+            continue
+        flat = [np.array([v for s in x for v in s]) for x in (a, b)]
+        shapes.setdefault(shape, []).append((tag, flat[0], flat[1]))
+    misplaced: list[str] = []
+    margins: list[float] = []
+    for items in shapes.values():
+        if len(items) < 2:
+            continue
+        refs = np.stack([x[1] for x in items])
+        runs = np.stack([x[2] for x in items])
+        for lo in range(0, len(items), chunk):
+            d = np.abs(runs[lo : lo + chunk, None, :] - refs[None, :, :]).max(axis=-1)
+            rows = np.arange(d.shape[0])
+            own = d[rows, lo + rows].copy()
+            d[rows, lo + rows] = np.inf
+            other = d.min(axis=1)
+            margins += (other - own).tolist()
+            misplaced += [items[lo + i][0] for i in np.flatnonzero(other <= own)]
+    return {"checked": len(margins), "misplaced": misplaced[:50], "margin": _quantiles(margins)}
+
+
 def compare(ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     lp_gaps, p_gaps = [], []
     disagree, missing, broken = 0, 0, 0
@@ -125,6 +158,7 @@ def compare(ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         "not_in_run": missing,
         "not_finite_in_run": broken,
         "answers_differ": disagree,
+        "identity": identity(ref, run),
         "lp_gap": _quantiles(lp_gaps),
         "p_gap": _quantiles(p_gaps),
         "reads_per_s": [

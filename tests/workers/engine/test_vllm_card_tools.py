@@ -98,6 +98,15 @@ def test_the_comparison_sees_a_swapped_read_and_measures_the_noise() -> None:
     assert out["failed_batches"] == 1
     assert soak_compare.noise(_soak(ref, repeat=repeat))["max"] == pytest.approx(2e-4, rel=1e-3)
     assert soak_compare.separation(_soak(ref), sample=10)["p50"] > 0.01
+    # The swapped pair is each nearer another read than itself, whatever the chunking.
+    for chunk in (7, 512):
+        ident = soak_compare.identity(_soak(ref), _soak(run), chunk=chunk)
+        assert ident["checked"] == 49
+        assert sorted(ident["misplaced"]) == ["r1", "r2"]
+        assert ident["margin"]["p50"] > 0.01
+    assert out["identity"]["misplaced"] == ident["misplaced"]
+    clean = soak_compare.identity(_soak(ref), _soak({k: v for k, v in ref.items()}))
+    assert clean["misplaced"] == [] and clean["margin"]["n"] == 50
 
 
 def _run(failed: int) -> dict[str, Any]:
@@ -269,3 +278,45 @@ def test_an_explicit_graph_mode_under_mps_is_kept(caplog: pytest.LogCaptureFixtu
     assert "MPS share of 25%" in caplog.text
     eager = VllmSettings(enforce_eager=True)
     assert graphs_for_the_share(eager, env) == (eager, None)
+
+
+@pytest.mark.parametrize(
+    ("card_gib", "explicit", "expected"),
+    [
+        # 0.9 less 0.81 GiB of the emulated 24 GB card: vLLM's own "equivalent to 0.8657
+        # without CUDA graph memory profiling" of that engine, rounded down.
+        ("23.6", None, 0.8656),
+        ("79.18", None, 0.8897),
+        ("23.6", 0.9, 0.9),  # the operator's value is theirs
+        (None, None, 0.9),  # no card known: nothing to scale by
+    ],
+)
+def test_graphs_off_under_mps_keep_their_memory_out_of_the_kv_cache(
+    monkeypatch: pytest.MonkeyPatch, card_gib: str | None, explicit: float | None, expected: float
+) -> None:
+    """Turning graphs off for an MPS share must not hand the memory vLLM set aside for them
+    to the KV cache: both full-size engines at 0.9 without graphs ran out of memory in
+    vLLM's warmup on the 24 GB card (2026-12-07)."""
+    pytest.importorskip("vllm")
+    from dgstream.workers.engine.vllm import sizing
+    from dgstream.workers.engine.vllm.args import engine_args, graphs_for_the_share
+    from dgstream.workers.engine.vllm.settings import VllmSettings
+
+    if card_gib is None:
+        monkeypatch.delenv(sizing.CARD_ENV, raising=False)
+        monkeypatch.setattr(sizing, "card_bytes", lambda: None)
+        monkeypatch.setattr("dgstream.workers.engine.vllm.args.card_bytes", lambda: None)
+    else:
+        monkeypatch.setenv(sizing.CARD_ENV, card_gib)
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "15"}
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "15")
+    given = VllmSettings() if explicit is None else VllmSettings(gpu_memory_utilization=explicit)
+    settings, why = graphs_for_the_share(given, env)
+    assert settings.cudagraph_mode == "NONE" and why is not None
+    assert settings.gpu_memory_utilization == expected
+    assert ("gpu_memory_utilization 0.9 ->" in why) == (expected != 0.9)
+    assert engine_args(given)["gpu_memory_utilization"] == expected
+    # Without a share nothing changes: graphs on, the budget as given.
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    assert graphs_for_the_share(given, {}) == (given, None)
+    assert engine_args(given)["gpu_memory_utilization"] == 0.9

@@ -14,7 +14,9 @@ in flight. The cause (2026-12-07, an H100 at 15%, docs/benchmarks.md "A compute-
 card"): CUDA graphs replayed under the MPS share computed NaN hidden states for whole
 blocks of a step's tokens (20 of 40 batches failed with the defaults, 0 without graphs,
 compiled or eager). The fix: under an MPS share an engine with no explicit graph mode runs
-without graphs (`workers.engine.vllm.args.graphs_for_the_share`).
+without graphs (`workers.engine.vllm.args.graphs_for_the_share`), and keeps the memory vLLM
+would have set aside for them out of its KV cache (at 0.9 without graphs both engines of
+2026-12-07 ran out of memory in vLLM's warmup on the 24 GB card).
 
 - `test_full_size_reads_hold_at_a_small_sm_share`: the defaults (the fix) read every batch.
 - `test_graphs_under_the_share_reproduce_the_nan`: the bug's witness, graphs forced back
@@ -42,6 +44,7 @@ if not PCT:
     pytest.skip("set DGSTREAM_SLOW_GPU_PCT (and start MPS) to run", allow_module_level=True)
 
 from bench.harness.vllm_soak import workload  # noqa: E402
+from dgstream.workers.engine.vllm.args import graphs_memory_kept  # noqa: E402
 from dgstream.workers.engine.vllm.engine import VllmEngine  # noqa: E402
 from dgstream.workers.engine.vllm.settings import VllmSettings  # noqa: E402
 
@@ -112,7 +115,10 @@ def test_full_size_reads_hold_at_a_small_sm_share() -> None:
 
 
 def test_graphs_under_the_share_reproduce_the_nan() -> None:
-    out = asyncio.run(_run(cudagraph_mode="FULL_AND_PIECEWISE"))
+    # At the utilization the defaults run at under the share (graphs' memory kept out of the
+    # KV cache): at 0.9 this engine ran out of memory in vLLM's warmup on the 24 GB card.
+    kept = graphs_memory_kept(VllmSettings())
+    out = asyncio.run(_run(cudagraph_mode="FULL_AND_PIECEWISE", gpu_memory_utilization=kept or 0.9))
     _report(out, "graphs")
     # What the host refuses is NaN read at a slot, never an answer.
     assert out["failed"], "graphs under the MPS share read right: the fix may go"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from dgstream.workers.engine.vllm.settings import MAX_NUM_SEQS, VllmSettings
 from dgstream.workers.engine.vllm.sizing import (
     MAX_SOFT_TOKENS,
+    card_bytes,
     check_full_graphs,
     check_images,
     check_model,
@@ -24,11 +26,13 @@ from dgstream.workers.engine.vllm.sizing import (
 __all__ = [
     "CACHE_ENV",
     "DEBUG_INDUCTOR_ENV",
+    "GRAPHS_RESERVE_GIB",
     "MPS_SHARE_ENV",
     "apply_cache_dir",
     "debug_inductor_options",
     "engine_args",
     "graphs_for_the_share",
+    "graphs_memory_kept",
     "mps_share",
     "read_path_available",
     "resolve_read_path",
@@ -98,6 +102,35 @@ def mps_share(environ: Mapping[str, str] | None = None) -> float | None:
     return share if 0 < share < 100 else None
 
 
+# What vLLM sets aside inside gpu_memory_utilization for the CUDA graphs it will capture
+# (its memory profile counts them since 0.21): on the full-size NVFP4 engine at the defaults
+# on the emulated 23.6 GiB card, "--gpu-memory-utilization=0.9000 is equivalent to
+# --gpu-memory-utilization=0.8657 without CUDA graph memory profiling" (an H100 at 15% of its
+# SMs, 2026-12-07): 0.0343 x 23.6 = 0.81 GiB. An engine without graphs hands that to its KV
+# cache instead, and vLLM's warmup, whose prompt-logprob pass (1,024 rows of the 262,144-id
+# vocabulary: a 1.0 GiB float32 tile) its profile never runs, then found no room: both
+# slow-GPU engines of 2026-12-07 at 0.9 ran out of memory there, 22.2 and 22.8 GiB held of
+# the 22.6 the card leaves PyTorch (docs/data/card24/slow_gpu_2026-12-07). Keeping the KV
+# cache where the graphs left it keeps the memory layout of the engines that started at 0.9
+# with graphs (2026-12-06, docs/data/card24/small_full).
+GRAPHS_RESERVE_GIB = 0.81
+
+
+def graphs_memory_kept(settings: VllmSettings) -> float | None:
+    """gpu_memory_utilization less what vLLM would have set aside for CUDA graphs, when the
+    operator left it at its default and the card is known; None otherwise (an explicit value
+    is the operator's, and an unknown card has nothing to scale by)."""
+    if "gpu_memory_utilization" in settings.model_fields_set:
+        return None
+    card = card_bytes()
+    if card is None:
+        return None
+    return (
+        math.floor((settings.gpu_memory_utilization - GRAPHS_RESERVE_GIB * 2**30 / card) * 1e4)
+        / 1e4
+    )
+
+
 def graphs_for_the_share(
     settings: VllmSettings, environ: Mapping[str, str] | None = None
 ) -> tuple[VllmSettings, str | None]:
@@ -118,7 +151,16 @@ def graphs_for_the_share(
         )
         return settings, None
     why = f"cudagraph_mode 'NONE' under an MPS share of {share:g}% of the SMs: {GRAPHS_UNDER_MPS}"
-    return settings.model_copy(update={"cudagraph_mode": "NONE"}), why
+    update: dict[str, Any] = {"cudagraph_mode": "NONE"}
+    kept = graphs_memory_kept(settings)
+    if kept is not None:
+        update["gpu_memory_utilization"] = kept
+        why += (
+            f"; gpu_memory_utilization {settings.gpu_memory_utilization} -> {kept}, so the "
+            f"{GRAPHS_RESERVE_GIB} GiB vLLM would have set aside for graphs stays free "
+            "instead of going to the KV cache (vLLM's warmup needs it outside its budget)"
+        )
+    return settings.model_copy(update=update), why
 
 
 # Diagnostics (never set in service): Inductor options for vLLM's compilation config, as
