@@ -11,14 +11,22 @@ A kind is one module of `schemas/kinds/` holding one `Kind` subclass, decorated 
 - `criteria_codes`: the error code of a pydantic check on its `criteria` (a count);
 - for the engine: `labels` (the tokens the model writes at its slot, one per answer;
   `shared_labels`: those every engine resolves once), `prompt` (its lines in the system
-  text) and `build` (its answer from the aggregated reads); the prompt's text is versioned
-  by `workers.engine.template.PROMPT_TEMPLATE_VERSION`;
+  text) and `answer_fields` (its answer's own fields from the aggregated reads, which
+  `build` completes); the prompt's text is versioned by
+  `workers.engine.template.PROMPT_TEMPLATE_VERSION`;
 - for the routes: `fields` (the route fields only it has), `value` (a field's value) and
   `field_range` (a number field's range for a question's number of answers);
 - for calibration: `distribution` (a written answer, ours or Jev's, as names and
   probabilities) and `calibrated` (an answer with its probabilities tempered);
-- `answer_name`: the name of the answer given (the route field `label`); `line`,
-  `headline` and `compared`: what the commands show of an answer.
+- `answer_field`: its answer's field naming the answer given (`answer_name`, the route
+  field `label`); `line`, `headline` and `compared`: what the commands show of an answer.
+
+The base class gives the shapes the kinds share: `build` (the answer's own fields, then
+`confidence`, `stderr` and `agreement`), `answer_name` (`answer_field`'s value), `value`
+(the answer's attribute of a route field's name), and, for an answer with `probabilities`
+(name -> probability, in order) and `raw_probabilities`, `distribution` (with `named` for
+a Jev shape keyed otherwise) and `calibrated` (with `tempered` for fields that follow the
+probabilities). A kind overrides only what differs.
 
 Nothing here knows the engine: `build` reads any object with the aggregate's fields
 (`Aggregated`), so a kind needs no import of `workers/`.
@@ -196,6 +204,8 @@ class Kind:
     headline: ClassVar[str] = "confidence"
     # The answers whose probability shift `dgstream compare` reports (None: every one).
     compared: ClassVar[tuple[str, ...] | None] = None
+    # The field of `answer` holding the name of the answer given (`answer_name`).
+    answer_field: ClassVar[str]
 
     @property
     def jev_type(self) -> str:
@@ -214,15 +224,31 @@ class Kind:
         the template's)."""
         raise NotImplementedError
 
-    def build(self, agg: Aggregated, answers: Sequence[str]) -> Answered:
-        """The answer from the reads combined (`agg.mean` in the order of `answers`)."""
+    def answer_fields(self, agg: Aggregated, answers: Sequence[str]) -> dict[str, Any]:
+        """Its answer's own fields from the reads combined (`agg.mean` in the order of
+        `answers`): all but `type`, `confidence`, `stderr` and `agreement`."""
         raise NotImplementedError
+
+    def build(self, agg: Aggregated, answers: Sequence[str]) -> Answered:
+        """The answer from the reads combined (`agg.mean` in the order of `answers`): its
+        `type` (the kind's name), its own fields, then the reads' confidence, standard error
+        and agreement."""
+        return self.answer(
+            **{
+                "type": self.name,
+                **self.answer_fields(agg, answers),
+                "confidence": clean(agg.confidence),
+                "stderr": agg.stderr,
+                "agreement": agg.agreement,
+            }
+        )
 
     # ------------------------------------------------------------------ reading an answer
 
     def answer_name(self, answer: Any) -> str:
-        """The name of the answer given."""
-        raise NotImplementedError
+        """The name of the answer given: its `answer_field`."""
+        name: str = getattr(answer, self.answer_field)
+        return name
 
     def line(self, answer: Mapping[str, Any]) -> str:
         """The answer in a few words for a terminal (`dgstream tail`), from its written JSON
@@ -230,8 +256,9 @@ class Kind:
         raise NotImplementedError
 
     def value(self, answer: Any, field: str) -> Any:
-        """The value of one of its own `fields` in `answer` (None: it has none)."""
-        return None
+        """The value of one of its own `fields` in `answer` (None: it has none): by default
+        the answer's attribute of that name."""
+        return getattr(answer, field) if field in self.fields else None
 
     def field_range(self, field: str, answers: int) -> tuple[float, float] | None:
         """A number field's range for a question of `answers` answers (None: the field's)."""
@@ -247,8 +274,19 @@ class Kind:
         self, answer: Mapping[str, Any], raw: bool
     ) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
         """A written answer (ours or Jev's shape, as decoded JSON) as its answer names and
-        probabilities; `raw`: the engine's, when it was calibrated. None: unreadable."""
-        raise NotImplementedError
+        probabilities; `raw`: the engine's, when it was calibrated. None: unreadable. By
+        default its `probabilities` (`raw_probabilities` when `raw` and written), keyed by
+        answer name as `named` keys them."""
+        probs = (answer.get("raw_probabilities") if raw else None) or answer.get("probabilities")
+        if not isinstance(probs, Mapping):
+            return None
+        probs = self.named(answer, probs)
+        return tuple(str(k) for k in probs), tuple(float(probs[k]) for k in probs)
+
+    def named(self, answer: Mapping[str, Any], probs: Mapping[Any, Any]) -> Mapping[Any, Any]:
+        """A written answer's probabilities keyed by answer name (as written, by default;
+        a Jev shape may key them otherwise)."""
+        return probs
 
     def calibrated(
         self,
@@ -258,5 +296,23 @@ class Kind:
     ) -> Answered | None:
         """`answer` with its probabilities tempered (`temper` maps probabilities in order),
         the engine's kept beside them; None when `labels` (a calibration file's answer
-        names) are not its answers."""
-        raise NotImplementedError
+        names) are not its answers. By default its `probabilities` tempered, `confidence`
+        the answer given's, `raw_probabilities` the engine's, and what `tempered` adds."""
+        names = list(answer.probabilities)
+        if names != list(labels):
+            return None
+        probs = dict(zip(names, temper(list(answer.probabilities.values())), strict=True))
+        updated: Answered = answer.model_copy(
+            update={
+                "probabilities": probs,
+                "confidence": probs[self.answer_name(answer)],
+                "raw_probabilities": dict(answer.probabilities),
+                **self.tempered(answer, probs),
+            }
+        )
+        return updated
+
+    def tempered(self, answer: Any, probs: Mapping[str, float]) -> dict[str, Any]:
+        """Fields of `answer` that follow its tempered probabilities (`probs`, by name),
+        beside those `calibrated` sets (none, by default)."""
+        return {}

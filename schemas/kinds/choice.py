@@ -3,7 +3,7 @@ option; the answer is the `choice` and every option's probability, as in Jev's s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -115,6 +115,7 @@ class Choice(Kind):
     }
     fields: ClassVar[Mapping[str, RouteField]] = {"choice": RouteField("text")}
     shared_labels = LETTERS
+    answer_field = "choice"
 
     def labels(self, question: Any) -> tuple[str, ...]:
         return LETTERS[: len(question.answers)]
@@ -126,25 +127,14 @@ class Choice(Kind):
             lines.append(f"  {label}: {name}" + (f" - {desc}" if desc else ""))
         return lines
 
-    def build(self, agg: Aggregated, answers: Sequence[str]) -> ChoiceAnswer:
-        return ChoiceAnswer(
-            type="choice",
-            choice=answers[agg.argmax],
-            probabilities={name: clean(p) for name, p in zip(answers, agg.mean, strict=True)},
-            confidence=clean(agg.confidence),
-            stderr=agg.stderr,
-            agreement=agg.agreement,
-        )
-
-    def answer_name(self, answer: Any) -> str:
-        name: str = answer.choice
-        return name
+    def answer_fields(self, agg: Aggregated, answers: Sequence[str]) -> dict[str, Any]:
+        return {
+            "choice": answers[agg.argmax],
+            "probabilities": {name: clean(p) for name, p in zip(answers, agg.mean, strict=True)},
+        }
 
     def line(self, answer: Mapping[str, Any]) -> str:
         return f"{answer['choice']} ({answer['confidence']:.2f})"  # ours and Jev's alike
-
-    def value(self, answer: Any, field: str) -> Any:
-        return answer.choice if field == "choice" else None
 
     def to_jev(self, answer: Any) -> JevChoiceAnswer:
         return JevChoiceAnswer(
@@ -152,30 +142,3 @@ class Choice(Kind):
             confidence=answer.confidence,
             probabilities=dict(answer.probabilities),
         )
-
-    def distribution(
-        self, answer: Mapping[str, Any], raw: bool
-    ) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
-        probs = (answer.get("raw_probabilities") if raw else None) or answer.get("probabilities")
-        if not isinstance(probs, Mapping):
-            return None
-        return tuple(str(k) for k in probs), tuple(float(probs[k]) for k in probs)
-
-    def calibrated(
-        self,
-        answer: Any,
-        labels: Sequence[str],
-        temper: Callable[[Sequence[float]], list[float]],
-    ) -> ChoiceAnswer | None:
-        names = list(answer.probabilities)
-        if names != list(labels):
-            return None
-        probs = dict(zip(names, temper(list(answer.probabilities.values())), strict=True))
-        updated: ChoiceAnswer = answer.model_copy(
-            update={
-                "probabilities": probs,
-                "confidence": probs[answer.choice],
-                "raw_probabilities": dict(answer.probabilities),
-            }
-        )
-        return updated

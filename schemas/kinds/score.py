@@ -4,7 +4,7 @@ the `expected_score` (1..n); Jev's shape counts levels from 0 (`score`, keyed "0
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -146,6 +146,7 @@ class Score(Kind):
     # 1..9: the tenth level's "A" is among the choice's letters.
     shared_labels = tuple(str(i) for i in range(1, 10))
     headline = "expected_score"
+    answer_field = "level"
 
     def labels(self, question: Any) -> tuple[str, ...]:
         # 1..9 then letters: "9" is the last one-character digit.
@@ -159,22 +160,14 @@ class Score(Kind):
             lines.append(f"  {label}" if given is None else f"  {label}: {level}")
         return lines
 
-    def build(self, agg: Aggregated, answers: Sequence[str]) -> ScoreAnswer:
+    def answer_fields(self, agg: Aggregated, answers: Sequence[str]) -> dict[str, Any]:
         expected = float(sum((i + 1) * p for i, p in enumerate(agg.mean)))
-        return ScoreAnswer(
-            type="score",
-            expected_score=round(expected, 6),
-            level=answers[agg.argmax],
-            legend={str(i + 1): level for i, level in enumerate(answers)},
-            probabilities={level: clean(p) for level, p in zip(answers, agg.mean, strict=True)},
-            confidence=clean(agg.confidence),
-            stderr=agg.stderr,
-            agreement=agg.agreement,
-        )
-
-    def answer_name(self, answer: Any) -> str:
-        name: str = answer.level
-        return name
+        return {
+            "expected_score": round(expected, 6),
+            "level": answers[agg.argmax],
+            "legend": {str(i + 1): level for i, level in enumerate(answers)},
+            "probabilities": {level: clean(p) for level, p in zip(answers, agg.mean, strict=True)},
+        }
 
     def line(self, answer: Mapping[str, Any]) -> str:
         if "score" in answer:  # Jev's: the levels by 0-based index
@@ -183,11 +176,8 @@ class Score(Kind):
         return f"{answer['level']} E={answer['expected_score']:.2f}"
 
     def value(self, answer: Any, field: str) -> Any:
-        if field == "expected_score":
-            return answer.expected_score
-        if field == "score":
-            return answer.expected_score - 1.0
-        return answer.level if field == "level" else None
+        # Jev's score counts levels from 0; the others are the answer's own.
+        return answer.expected_score - 1.0 if field == "score" else super().value(answer, field)
 
     def field_range(self, field: str, answers: int) -> tuple[float, float] | None:
         if field == "score":
@@ -207,35 +197,14 @@ class Score(Kind):
             legend={str(i): name for i, name in enumerate(names)},
         )
 
-    def distribution(
-        self, answer: Mapping[str, Any], raw: bool
-    ) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
-        probs = (answer.get("raw_probabilities") if raw else None) or answer.get("probabilities")
-        if not isinstance(probs, Mapping):
-            return None
-        if "score" in answer:  # Jev's: keyed "0".."n-1", names in the legend
-            legend = answer.get("legend") or {}
-            probs = {str(legend.get(k, k)): v for k, v in probs.items()}
-        return tuple(str(k) for k in probs), tuple(float(probs[k]) for k in probs)
+    def named(self, answer: Mapping[str, Any], probs: Mapping[Any, Any]) -> Mapping[Any, Any]:
+        if "score" not in answer:
+            return probs
+        # Jev's: keyed "0".."n-1", names in the legend
+        legend = answer.get("legend") or {}
+        return {str(legend.get(k, k)): v for k, v in probs.items()}
 
-    def calibrated(
-        self,
-        answer: Any,
-        labels: Sequence[str],
-        temper: Callable[[Sequence[float]], list[float]],
-    ) -> ScoreAnswer | None:
-        names = list(answer.probabilities)
-        if names != list(labels):
-            return None
-        probs = dict(zip(names, temper(list(answer.probabilities.values())), strict=True))
+    def tempered(self, answer: Any, probs: Mapping[str, float]) -> dict[str, Any]:
         order = _order(answer)
         expected = sum((i + 1) * probs[name] for i, name in enumerate(order))
-        updated: ScoreAnswer = answer.model_copy(
-            update={
-                "probabilities": probs,
-                "confidence": probs[answer.level],
-                "raw_probabilities": dict(answer.probabilities),
-                "expected_score": round(min(max(expected, 1.0), float(len(order))), 6),
-            }
-        )
-        return updated
+        return {"expected_score": round(min(max(expected, 1.0), float(len(order))), 6)}

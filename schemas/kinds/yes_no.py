@@ -87,6 +87,7 @@ class YesNo(Kind):
     shared_labels = _ANSWERS
     headline = "p_yes"
     compared = ("yes",)  # p(no) moves as much, the other way
+    answer_field = "label"
 
     def labels(self, question: Any) -> tuple[str, ...]:
         # The model writes the answers themselves.
@@ -101,28 +102,13 @@ class YesNo(Kind):
             lines.append(f"  no: {crit.false}")
         return lines
 
-    def build(self, agg: Aggregated, answers: Sequence[str]) -> YesNoAnswer:
-        p_yes = clean(agg.mean[0])
-        return YesNoAnswer(
-            type="yes_no",
-            p_yes=p_yes,
-            label="yes" if agg.argmax == 0 else "no",
-            confidence=clean(agg.confidence),
-            stderr=agg.stderr,
-            agreement=agg.agreement,
-        )
-
-    def answer_name(self, answer: Any) -> str:
-        name: str = answer.label
-        return name
+    def answer_fields(self, agg: Aggregated, answers: Sequence[str]) -> dict[str, Any]:
+        return {"p_yes": clean(agg.mean[0]), "label": "yes" if agg.argmax == 0 else "no"}
 
     def line(self, answer: Mapping[str, Any]) -> str:
         if answer.get("type") == "noul":  # Jev's
             return f"p_yes={answer['noul']:.2f}"
         return f"{answer['label']} p_yes={answer['p_yes']:.2f}"
-
-    def value(self, answer: Any, field: str) -> Any:
-        return answer.p_yes if field == "p_yes" else None
 
     def to_jev(self, answer: Any) -> JevNoulAnswer:
         return JevNoulAnswer(noul=answer.p_yes)

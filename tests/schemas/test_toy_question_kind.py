@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import pytest
@@ -79,6 +79,7 @@ class Mood(Kind):
         "lean": RouteField("number", -1.0, 1.0),
         "mood": RouteField("text"),
     }
+    answer_field = "mood"
 
     def labels(self, question: Any) -> tuple[str, ...]:
         return ("X", "Y", "Z")
@@ -87,49 +88,16 @@ class Mood(Kind):
         lines = [heading(qid, "mood", question.instructions)]
         return lines + [f"  {lab}: {m}" for lab, m in zip(labels, _MOODS, strict=True)]
 
-    def build(self, agg: Aggregated, answers: Sequence[str]) -> MoodAnswer:
+    def answer_fields(self, agg: Aggregated, answers: Sequence[str]) -> dict[str, Any]:
         probs = {m: clean(p) for m, p in zip(answers, agg.mean, strict=True)}
-        return MoodAnswer(
-            mood=answers[agg.argmax],
-            lean=clean(probs["glad"] - probs["sad"]),
-            probabilities=probs,
-            confidence=clean(agg.confidence),
-            stderr=agg.stderr,
-            agreement=agg.agreement,
-        )
-
-    def answer_name(self, answer: Any) -> str:
-        return str(answer.mood)
-
-    def value(self, answer: Any, field: str) -> Any:
-        return {"lean": answer.lean, "mood": answer.mood}[field]
+        return {
+            "mood": answers[agg.argmax],
+            "lean": clean(probs["glad"] - probs["sad"]),
+            "probabilities": probs,
+        }
 
     def to_jev(self, answer: Any) -> JevMoodAnswer:
         return JevMoodAnswer(feeling=answer.mood)
-
-    def distribution(
-        self, answer: Mapping[str, Any], raw: bool
-    ) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
-        probs = answer.get("probabilities")
-        if not isinstance(probs, Mapping):
-            return None
-        return tuple(probs), tuple(float(p) for p in probs.values())
-
-    def calibrated(
-        self,
-        answer: Any,
-        labels: Sequence[str],
-        temper: Callable[[Sequence[float]], list[float]],
-    ) -> MoodAnswer:
-        probs = dict(zip(_MOODS, temper(list(answer.probabilities.values())), strict=True))
-        new: MoodAnswer = answer.model_copy(
-            update={
-                "probabilities": probs,
-                "confidence": probs[answer.mood],
-                "raw_probabilities": dict(answer.probabilities),
-            }
-        )
-        return new
 
 
 @pytest.fixture

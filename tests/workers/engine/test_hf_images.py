@@ -16,7 +16,6 @@ from PIL import Image
 from pydantic import TypeAdapter
 
 from dgstream.schemas import Question
-from dgstream.workers.engine import models
 from dgstream.workers.engine.hf_backend import TransformersEngine
 from dgstream.workers.engine.template import (
     ChatFormat,
@@ -56,23 +55,6 @@ QUESTIONS = {
     },
 }
 OTHER = {"caps": {"type": "yes_no", "instructions": "Is it shouting in capitals?"}}
-
-
-@pytest.fixture(scope="module")
-def demo_dir() -> Any:
-    return models.ensure_tiny_model("demo")
-
-
-@pytest.fixture(scope="module")
-def engine(demo_dir: Any) -> TransformersEngine:
-    return TransformersEngine.from_pretrained(demo_dir, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def chat(demo_dir: Any) -> ChatFormat:
-    from transformers import AutoTokenizer
-
-    return ChatFormat(AutoTokenizer.from_pretrained(str(demo_dir)))
 
 
 def image(kind: str, size: tuple[int, int] = (48, 36)) -> ReadImage:
@@ -136,75 +118,79 @@ def reference(engine: TransformersEngine, r: Read) -> list[np.ndarray]:
     ]
 
 
-def test_the_demo_engine_reads_images(engine: TransformersEngine) -> None:
-    assert engine.info.reads_images
-    assert engine._vision is not None and engine._vision.tokens_per_image == IMAGE_GRID**2
+def test_the_demo_engine_reads_images(demo_engine: TransformersEngine) -> None:
+    assert demo_engine.info.reads_images
+    assert demo_engine._vision is not None and demo_engine._vision.tokens_per_image == IMAGE_GRID**2
 
 
 def test_text_only_prompts_are_the_templates_byte_for_byte(
-    engine: TransformersEngine, chat: ChatFormat
+    demo_engine: TransformersEngine, demo_chat: ChatFormat
 ) -> None:
     states = ["hello there", "FREE MONEY NOW!!! click https://win.example/prize", "a nice Day"]
     for state in states:
-        plain = read(chat, engine, state)
+        plain = read(demo_chat, demo_engine, state)
         qs = {k: TypeAdapter(Question).validate_python(v) for k, v in QUESTIONS.items()}
-        want, shared = chat.prompt_ids(system_text(qs), user_text(state, {}))
+        want, shared = demo_chat.prompt_ids(system_text(qs), user_text(state, {}))
         assert plain.prompt_ids == want and plain.shared_prefix_len == shared
-        assert engine.prompt_ids(plain) == want  # what the encoder reads: nothing added
+        assert demo_engine.prompt_ids(plain) == want  # what the encoder reads: nothing added
         # With images: the same tokens around one block per image, laid before the text.
-        seen = engine.prompt_ids(dataclasses.replace(plain, images=(image("red"), image("blue"))))
+        seen = demo_engine.prompt_ids(
+            dataclasses.replace(plain, images=(image("red"), image("blue")))
+        )
         assert seen[:shared] == want[:shared] and seen[shared + 2 * BLOCK :] == want[shared:]
-        assert engine._vision is not None
-        assert seen[shared : shared + 2 * BLOCK] == engine._vision.block * 2
-        decoded = chat.tokenizer.decode(list(want[shared:]))
+        assert demo_engine._vision is not None
+        assert seen[shared : shared + 2 * BLOCK] == demo_engine._vision.block * 2
+        decoded = demo_chat.tokenizer.decode(list(want[shared:]))
         assert decoded.startswith(state)  # the blocks sit right before the user's text
 
 
 def test_an_image_moves_the_read_and_another_image_moves_it_elsewhere(
-    engine: TransformersEngine, chat: ChatFormat
+    demo_engine: TransformersEngine, demo_chat: ChatFormat
 ) -> None:
-    text = read(chat, engine, "look at this picture")
+    text = read(demo_chat, demo_engine, "look at this picture")
     noise = dataclasses.replace(text, images=(image("noise"),))
     gradient = dataclasses.replace(text, images=(image("gradient"),))
-    a, b, c = engine.read_sync([text, noise, gradient])
+    a, b, c = demo_engine.read_sync([text, noise, gradient])
     assert _differ(a, b) > MOVES and _differ(a, c) > MOVES and _differ(b, c) > MOVES
     # The same batch again reads the same, bit for bit (deterministic preprocessing and
     # forward; alone against batched is the batching test's).
-    _, again, _ = engine.read_sync([text, noise, gradient])
+    _, again, _ = demo_engine.read_sync([text, noise, gradient])
     assert np.array_equal(log_probs(again), log_probs(b))
 
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_the_read_is_the_models_own_forward_with_the_same_pixels(
-    engine: TransformersEngine, chat: ChatFormat, count: int
+    demo_engine: TransformersEngine, demo_chat: ChatFormat, count: int
 ) -> None:
     kinds = ["noise", "gradient", "orange"][:count]
-    r = read(chat, engine, "what is in the picture", *(image(k) for k in kinds), seed=5)
-    assert engine.model.config.image_token_id not in r.prompt_ids  # the model's own mask
-    (got,) = engine.read_sync([r])
-    for slot, want in zip(got.slots, reference(engine, r), strict=True):
+    r = read(demo_chat, demo_engine, "what is in the picture", *(image(k) for k in kinds), seed=5)
+    assert demo_engine.model.config.image_token_id not in r.prompt_ids  # the model's own mask
+    (got,) = demo_engine.read_sync([r])
+    for slot, want in zip(got.slots, reference(demo_engine, r), strict=True):
         np.testing.assert_allclose(slot.probs, want, atol=1e-6, rtol=0)
 
 
 def test_the_image_token_as_text_does_not_move_the_images(
-    engine: TransformersEngine, chat: ChatFormat
+    demo_engine: TransformersEngine, demo_chat: ChatFormat
 ) -> None:
     # In the demo vocabulary the image token's id is also the word " Day": the model's own
     # forward miscounts its placeholders on such a prompt; the engine places the soft
     # tokens where it laid the blocks, and the word stays a word.
-    r = read(chat, engine, "a nice Day out", image("noise"))
-    assert engine.model.config.image_token_id in r.prompt_ids
-    (got,) = engine.read_sync([r])
+    r = read(demo_chat, demo_engine, "a nice Day out", image("noise"))
+    assert demo_engine.model.config.image_token_id in r.prompt_ids
+    (got,) = demo_engine.read_sync([r])
     with pytest.raises(ValueError, match="do not match"):
-        reference(engine, r)
-    (plain,) = engine.read_sync([dataclasses.replace(r, images=())])
+        reference(demo_engine, r)
+    (plain,) = demo_engine.read_sync([dataclasses.replace(r, images=())])
     assert _differ(got, plain) > MOVES
 
 
-def test_several_images_are_read_in_order(engine: TransformersEngine, chat: ChatFormat) -> None:
+def test_several_images_are_read_in_order(
+    demo_engine: TransformersEngine, demo_chat: ChatFormat
+) -> None:
     a, b = image("noise"), image("gradient")
-    base = read(chat, engine, "two pictures")
-    ab, ba, only_a = engine.read_sync(
+    base = read(demo_chat, demo_engine, "two pictures")
+    ab, ba, only_a = demo_engine.read_sync(
         [
             dataclasses.replace(base, images=(a, b)),
             dataclasses.replace(base, images=(b, a)),
@@ -212,39 +198,41 @@ def test_several_images_are_read_in_order(engine: TransformersEngine, chat: Chat
         ]
     )
     assert _differ(ab, ba) > MOVES and _differ(ab, only_a) > MOVES
-    assert len(engine.prompt_ids(dataclasses.replace(base, images=(a, b)))) == (
+    assert len(demo_engine.prompt_ids(dataclasses.replace(base, images=(a, b)))) == (
         len(base.prompt_ids) + 2 * BLOCK
     )
 
 
 def test_a_batch_with_and_without_images_reads_as_one_at_a_time(
-    engine: TransformersEngine, chat: ChatFormat
+    demo_engine: TransformersEngine, demo_chat: ChatFormat
 ) -> None:
     noise, gradient, red = image("noise"), image("gradient"), image("red", (5, 90))
     reads = [
-        read(chat, engine, "plain text, no picture", seed=1),
-        read(chat, engine, "one picture", noise, seed=2),
-        read(chat, engine, "one picture", gradient, seed=3),  # same text, other image
-        read(chat, engine, "one picture", noise, seed=4),  # same prompt: one encoder pass
-        read(chat, engine, "two pictures and a much longer text " * 3, noise, red, seed=5),
-        read(chat, engine, "SHOUTING WITH A PICTURE", red, questions=OTHER, seed=6),
-        read(chat, engine, "shouting without one", questions=OTHER, seed=7),
+        read(demo_chat, demo_engine, "plain text, no picture", seed=1),
+        read(demo_chat, demo_engine, "one picture", noise, seed=2),
+        read(demo_chat, demo_engine, "one picture", gradient, seed=3),  # same text, other image
+        read(demo_chat, demo_engine, "one picture", noise, seed=4),  # same prompt: one encoder pass
+        read(
+            demo_chat, demo_engine, "two pictures and a much longer text " * 3, noise, red, seed=5
+        ),
+        read(demo_chat, demo_engine, "SHOUTING WITH A PICTURE", red, questions=OTHER, seed=6),
+        read(demo_chat, demo_engine, "shouting without one", questions=OTHER, seed=7),
     ]
-    together = engine.read_sync(reads)
+    together = demo_engine.read_sync(reads)
     for r, got in zip(reads, together, strict=True):
-        (alone,) = engine.read_sync([r])
+        (alone,) = demo_engine.read_sync([r])
         for s1, s2 in zip(alone.slots, got.slots, strict=True):
             np.testing.assert_allclose(s1.probs, s2.probs, atol=BATCH_TOLERANCE, rtol=0)
             assert s1.label_mass == pytest.approx(s2.label_mass, abs=BATCH_TOLERANCE)
     # Same text, same seed, other image: a different read, batched as alone.
-    alone = engine.read_sync([dataclasses.replace(reads[1], images=())])[0]
+    alone = demo_engine.read_sync([dataclasses.replace(reads[1], images=())])[0]
     assert _differ(together[1], alone) > MOVES
 
 
-def test_without_prefix_reuse_the_reads_are_the_same(demo_dir: Any, chat: ChatFormat) -> None:
+def test_without_prefix_reuse_the_reads_are_the_same(demo_dir: Any, demo_chat: ChatFormat) -> None:
     plain = TransformersEngine.from_pretrained(demo_dir, device="cpu", reuse_prefix=False)
     cached = TransformersEngine.from_pretrained(demo_dir, device="cpu")
-    reads = [read(chat, cached, f"picture {i}", image("noise"), seed=i) for i in range(3)]
+    reads = [read(demo_chat, cached, f"picture {i}", image("noise"), seed=i) for i in range(3)]
     for a, b in zip(plain.read_sync(reads), cached.read_sync(reads), strict=True):
         np.testing.assert_allclose(log_probs(a), log_probs(b), atol=BATCH_TOLERANCE, rtol=0)
     assert cached.stats["prefix_hits"] + cached.stats["prefix_misses"] > 0

@@ -37,7 +37,6 @@ from pydantic import TypeAdapter  # noqa: E402
 
 from dgstream.schemas import Question  # noqa: E402
 from dgstream.workers.engine.hf_backend import TransformersEngine  # noqa: E402
-from dgstream.workers.engine.models import TRAINED_DIRS  # noqa: E402
 from dgstream.workers.engine.template import (  # noqa: E402
     ChatFormat,
     LayoutCache,
@@ -56,7 +55,6 @@ from dgstream.workers.engine.vllm.sizing import check_model  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.vllm, pytest.mark.slow]
 
-DEMO = Path(TRAINED_DIRS["demo"])
 # The text reads' tolerance (test_vllm_gpu.py: fp32 on both engines, every probability
 # within 0.01; measured 0.007 on 300 requests): the image path adds the tower, which vLLM
 # runs as transformers' own module in the same dtype, over the same patches (the CPU test
@@ -103,17 +101,13 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="module")
-def chat() -> ChatFormat:
-    from transformers import AutoTokenizer
-
-    return ChatFormat(AutoTokenizer.from_pretrained(str(DEMO)))
-
-
-@pytest.fixture(scope="module")
 def vllm_engine(
-    loop: asyncio.AbstractEventLoop, chat: ChatFormat, tmp_path_factory: pytest.TempPathFactory
+    loop: asyncio.AbstractEventLoop,
+    demo_dir: Path,
+    demo_chat: ChatFormat,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[VllmEngine]:
-    model = write_processor_files(DEMO, tmp_path_factory.mktemp("vllm-images") / "demo")
+    model = write_processor_files(demo_dir, tmp_path_factory.mktemp("vllm-images") / "demo")
     settings = check_model(
         VllmSettings(
             model=str(model),
@@ -125,7 +119,9 @@ def vllm_engine(
             images_per_request=8,
         )
     )
-    engine = VllmEngine(settings, shared_labels=standard_label_ids(chat.encode, chat.eot_id))
+    engine = VllmEngine(
+        settings, shared_labels=standard_label_ids(demo_chat.encode, demo_chat.eot_id)
+    )
     loop.run_until_complete(engine.start())
     assert engine.read_path == "dgstream", engine.read_path
     assert engine.info.reads_images and engine.image_layout is not None
@@ -137,8 +133,9 @@ def vllm_engine(
 
 
 @pytest.fixture(scope="module")
-def hf_engine() -> TransformersEngine:
-    return TransformersEngine.from_pretrained(DEMO, device="cuda", dtype="float32")
+def hf_engine(demo_dir: Path) -> TransformersEngine:
+    # The demo model on the GPU, in vLLM's dtype (the CPU one is `demo_engine`).
+    return TransformersEngine.from_pretrained(demo_dir, device="cuda", dtype="float32")
 
 
 def reads(chat: ChatFormat, width: int, images: list[tuple[ReadImage, ...]]) -> list[Read]:
@@ -164,7 +161,7 @@ def log_gap(a: Any, b: Any) -> float:
 
 def test_vllm_reads_images_as_the_transformers_engine_does(
     loop: asyncio.AbstractEventLoop,
-    chat: ChatFormat,
+    demo_chat: ChatFormat,
     vllm_engine: VllmEngine,
     hf_engine: TransformersEngine,
 ) -> None:
@@ -172,7 +169,7 @@ def test_vllm_reads_images_as_the_transformers_engine_does(
     sets: list[tuple[ReadImage, ...]] = [()]  # a text-only read in the same batch
     sets += [(picture(i, sizes[i % 8]),) for i in range(8)]
     sets += [tuple(picture(10 + k, sizes[k]) for k in range(n)) for n in (2, 3, 8)]
-    batch = reads(chat, hf_engine.info.canvas_length, sets)
+    batch = reads(demo_chat, hf_engine.info.canvas_length, sets)
     ours = loop.run_until_complete(vllm_engine.read(batch))
     theirs = hf_engine.read_sync(batch)
     plain = hf_engine.read_sync([dataclasses.replace(r, images=()) for r in batch])
@@ -184,7 +181,7 @@ def test_vllm_reads_images_as_the_transformers_engine_does(
 
 
 def test_the_shared_prefix_is_served_from_cache_with_other_images(
-    loop: asyncio.AbstractEventLoop, chat: ChatFormat, vllm_engine: VllmEngine
+    loop: asyncio.AbstractEventLoop, demo_chat: ChatFormat, vllm_engine: VllmEngine
 ) -> None:
     """vLLM's own count of prompt tokens served from its prefix cache
     (`RequestOutput.num_cached_tokens`): a request of the same question set and text with
@@ -197,7 +194,9 @@ def test_the_shared_prefix_is_served_from_cache_with_other_images(
     block = engine.vllm_config.cache_config.block_size
     assert engine.vllm_config.cache_config.enable_prefix_caching
     a, b = reads(
-        chat, vllm_engine.info.canvas_length, [(picture(40, (48, 36)),), (picture(41, (30, 90)),)]
+        demo_chat,
+        vllm_engine.info.canvas_length,
+        [(picture(40, (48, 36)),), (picture(41, (30, 90)),)],
     )
     a = dataclasses.replace(a, prompt_ids=b.prompt_ids, canvas_ids=b.canvas_ids)
 
