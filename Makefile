@@ -63,7 +63,7 @@ mutation: setup
 	rm -rf mutants
 	mkdir -p mutants/.model-cache
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 DGSTREAM_TEST_CACHE_DIR=$(CURDIR)/mutants/.model-cache \
-	  nice -n 10 $(BIN)/mutmut run --max-children 1
+	  nice -n 10 $(BIN)/python -m bench.mutmut_run run --max-children 1
 	$(BIN)/python -m bench.mutation_score --write
 
 demo: setup

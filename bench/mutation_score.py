@@ -54,6 +54,12 @@ def modules() -> list[str]:
     return list(config["only_mutate"])
 
 
+def shown_name(module: str) -> str:
+    """A module as the page's table names it: its folder's path (`workers/stream/intake.py`),
+    the import name less `dgstream.` (mutmut walks it as dgstream/workers/...)."""
+    return module.removeprefix("dgstream/")
+
+
 def verdicts(module: str) -> dict[str, int | None]:
     meta = json.loads((MUTANTS / f"{module}.meta").read_text())
     return dict(meta["exit_code_by_key"])
@@ -145,7 +151,7 @@ def score(module: str, equivalent: set[str]) -> tuple[Score, list[str]]:
         else:
             kinds["other"] += 1
     s = Score(
-        module,
+        shown_name(module),
         len(codes),
         kinds["killed"],
         kinds["survived"],
@@ -230,8 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     before = shown()
     scores = []
     for module in modules():
-        if not measured(module) and module in before:
-            scores.append(before[module])  # not reached by this run: as the page shows it
+        if not measured(module) and shown_name(module) in before:
+            # not reached by this run: as the page shows it
+            scores.append(before[shown_name(module)])
+            continue
+        if not (MUTANTS / f"{module}.meta").exists():
+            print(f"not measured yet: {shown_name(module)} (mutmut run it)")
             continue
         s, unexplained = score(module, equivalent)
         scores.append(s)
