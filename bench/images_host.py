@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from bench.harness.requests import QUESTIONS
 from dgstream.schemas import ClassificationRequest, ClassificationResult, record_id
 from dgstream.schemas.images import MAX_IMAGES
 from dgstream.workers.engine.classifier import Classifier, ClassifierSettings
@@ -71,15 +72,6 @@ from dgstream.workers.images import GateOutcome, InputGate
 from dgstream.workers.kafka.settings import KafkaConnection
 from dgstream.workers.steps.inputs import InputReader
 
-# bench/worker_overhead.py's two inline questions (one yes/no, one choice): one read each.
-QUESTIONS = {
-    "urgent": {"type": "yes_no", "instructions": "Does it need an answer today?"},
-    "language": {
-        "type": "choice",
-        "instructions": "Which language is it in?",
-        "criteria": {"en": None, "de": None},
-    },
-}
 TOPIC = "bench-images"
 # The tokens the transformers engine lays for an image (`<boi>`, 64 image tokens, `<eoi>`).
 IMAGE_TOKENS = 66

@@ -71,6 +71,7 @@ from kafka.coordinator.assignors.cooperative_sticky import (
     CooperativeStickyAssignor,
 )
 
+from bench.harness.requests import QUESTIONS
 from bench.report import write_section
 from dgstream.schemas import RequestError, parse_request, record_id
 from dgstream.workers.engine.factory import EngineSettings, build_classifier
@@ -87,15 +88,6 @@ from dgstream.workers.steps.outputs import OutputBuilder
 from dgstream.workers.steps.topics import TopicGuard, admin_describe
 
 PARTITIONS = 6
-# Two inline questions (one yes/no, one choice): one read each request.
-QUESTIONS = {
-    "urgent": {"type": "yes_no", "instructions": "Does it need an answer today?"},
-    "language": {
-        "type": "choice",
-        "instructions": "Which language is it in?",
-        "criteria": {"en": None, "de": None},
-    },
-}
 MAX_RECORDS = 64  # the worker's default batch, used by the plain loop too
 # The results compared between the worker and the plain loop (`same_records`): one in 97,
 # spread over the whole run, any backlog of 600 (the script's test) or more included.
