@@ -71,10 +71,13 @@ def _imports(path: Path) -> set[str]:
 
 
 def _modules(package: str) -> dict[str, set[str]]:
+    """The files of a folder and their imports; dgstream/'s own files only (its subpackages
+    are the other folders: links here, real copies in mutmut's mutants/)."""
     return {
         str(p.relative_to(ROOT)): _imports(p)
         for p in sorted((ROOT / package).rglob("*.py"))
         if "__pycache__" not in p.parts
+        and not (package == "dgstream" and p.relative_to(ROOT).parts[1] in SUBPACKAGES)
     }
 
 
@@ -158,7 +161,8 @@ def test_the_control_plane_check_finds_a_crossing(tmp_path: Path) -> None:
     )
     (tmp_path / "topology" / "controller.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-        "    from dgstream.topology.cli.commands import Refused\nfrom dgstream.topology import clingy\n"
+        "    from dgstream.topology.cli.commands import Refused\n"
+        "from dgstream.topology import clingy\n"
     )
     (tmp_path / "topology" / "cli" / "app.py").write_text(
         "from dgstream.topology.cli import commands\n"
@@ -524,6 +528,8 @@ def test_one_import_name() -> None:
     make them subpackages point at them, and the wheel's packages are `dgstream*` alone."""
     found = _top_level_imports(ROOT)
     assert not found, "\n".join(found)
+    if not (ROOT / ".git").exists():
+        return  # mutmut's copy (mutants/) holds the folders as real copies, not links
     for name in SUBPACKAGES:
         link = ROOT / "dgstream" / name
         assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link

@@ -356,11 +356,12 @@ def test_the_script_makes_the_committed_bytes(tmp_path: Path) -> None:
 def test_the_package_ships_the_checkpoint() -> None:
     import tomllib
 
-    root = DEMO.parents[3]
+    root = Path(__file__).resolve().parents[3]
     data = tomllib.loads((root / "pyproject.toml").read_text())
     globs = data["tool"]["setuptools"]["package-data"]["dgstream.workers"]
-    shipped = {p for g in globs for p in (root / "workers").glob(g)}
-    assert {NVFP4 / name for name in FILES} <= shipped
+    package = root / "workers"
+    shipped = {p.relative_to(package) for g in globs for p in package.glob(g)}
+    assert {Path("engine/weights/demo-nvfp4") / name for name in FILES} <= shipped
 
 
 # --------------------------------------------------------------------------- the model
