@@ -139,9 +139,9 @@ class Client:
         """Send one request; the future resolves to its result. `request`: a whole body
         in the wire shape (a Jev body without `id` too: it is keyed by a drawn id, which
         the worker takes as the request's id and the result's `id`). `images`: URLs, data
-        URLs or image files' bytes (sent inline); `instructions`: context ahead of the
-        questions. Until the pipeline's engine reads them, both come back as a dead letter
-        (IMAGES_NOT_READ, INSTRUCTIONS_NOT_READ: docs/images.md)."""
+        URLs or image files' bytes (sent inline); until the pipeline's engine reads them,
+        they come back as a dead letter (IMAGES_NOT_READ: docs/images.md). `instructions`:
+        context for the questions, placed ahead of the state in the prompt."""
         body: dict[str, Any] = (
             dict(request)
             if request is not None

@@ -85,8 +85,9 @@ class ErrorCode(StrEnum):
     Inputs the engine does not read (the request is valid; answering from its text alone
     would be a silently wrong answer):
       IMAGES_NOT_READ (the request carries images, all valid, and the pipeline's engine reads
-      no images: `EngineInfo.reads_images`), INSTRUCTIONS_NOT_READ (request-level
-      `instructions`, which the prompt does not place yet).
+      no images: `EngineInfo.reads_images`), INSTRUCTIONS_NOT_READ (reserved, no longer
+      produced: request-level `instructions` were refused so until the prompt placed them;
+      every engine's prompt now does, and the value stays for consumers that match on it).
 
     Engine:
       ENGINE_FAILED (the engine could not answer; the request itself may be fine),
@@ -169,7 +170,7 @@ class ErrorCode(StrEnum):
     IMAGE_WRONG_CONTENT_TYPE = "IMAGE_WRONG_CONTENT_TYPE"
     # inputs the engine does not read
     IMAGES_NOT_READ = "IMAGES_NOT_READ"
-    INSTRUCTIONS_NOT_READ = "INSTRUCTIONS_NOT_READ"
+    INSTRUCTIONS_NOT_READ = "INSTRUCTIONS_NOT_READ"  # reserved: no longer produced
     # engine
     ENGINE_FAILED = "ENGINE_FAILED"
     POISON = "POISON"

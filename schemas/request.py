@@ -324,9 +324,10 @@ class ClassificationRequest(RequestModel):
     )
     instructions: Instructions | None = Field(
         default=None,
-        description="Context placed ahead of the questions (vLLM's request-level "
-        "instructions): text, or JSON read as its text; at most 2000 characters, not blank. "
-        "Refused with INSTRUCTIONS_NOT_READ until the pipeline's prompt places it.",
+        description="Context for the questions (vLLM's request-level instructions): text, "
+        "or JSON read as its text; at most 2000 characters, not blank. The prompt places it "
+        "quoted at the start of the user's turn, ahead of the state and after the question "
+        "list, which stays a prefix shared across requests.",
     )
     images: list[str] | None = Field(
         default=None,

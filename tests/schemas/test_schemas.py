@@ -593,6 +593,8 @@ def test_table_is_large_and_covers_most_codes() -> None:
         E.IMAGE_FETCH_TIMEOUT,
         E.IMAGE_WRONG_CONTENT_TYPE,
         E.IMAGES_NOT_READ,
+        # reserved, no longer produced: every engine's prompt places request-level
+        # instructions (tests/workers/test_images.py, tests/workers/engine/test_instructions.py)
         E.INSTRUCTIONS_NOT_READ,
     }
     assert set(ErrorCode) - raised_later == covered

@@ -139,12 +139,6 @@ CASES = [
         E.IMAGES_NOT_READ,
     ),
     (
-        "instructions",
-        {"instructions": "The sender is a child."},
-        E.INSTRUCTIONS_NOT_READ,
-        E.INSTRUCTIONS_NOT_READ,
-    ),
-    (
         "second-image-bad",
         {"images": [data_url(_PNG), data_url(b"\x89PNG\r\n\x1a\n")]},
         E.IMAGE_UNREADABLE,
@@ -168,6 +162,19 @@ def test_each_case_is_refused_with_its_code_or_read(
     # today's engines, because none reads it.
     now = refusal(req, BLIND)
     assert now is not None and now.code is (blind or seeing), now
+
+
+def test_request_level_instructions_pass_the_gate_with_any_engine() -> None:
+    """Every engine's prompt places them (tests/workers/engine/test_instructions.py):
+    INSTRUCTIONS_NOT_READ is reserved, no longer produced."""
+    req = request({"state": "look", "instructions": "The sender is a child."})
+    assert not InputGate.concerns(req)
+    assert refusal(req, SEEING) is None
+    assert refusal(req, BLIND) is None
+    both = request({"state": "look", "instructions": "ctx", "images": [data_url(_PNG)]})
+    assert refusal(both, SEEING) is None
+    got = refusal(both, BLIND)
+    assert got is not None and got.code is E.IMAGES_NOT_READ
 
 
 def test_too_many_images_and_bad_sources_are_refused_when_parsed() -> None:

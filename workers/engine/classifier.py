@@ -8,7 +8,8 @@ goes to the engine in one call. Per request:
 2. Order them in stages (`depends_on` and `ask_if` come after what they name).
 3. For each stage: skip questions whose `ask_if` is not met; pack the rest into chunks
    whose answer template fits the canvas; make `samples` reads per chunk (or one with
-   `auto`), each with its own noise seed.
+   `auto`), each with its own noise seed. A request's `instructions` open every chunk's
+   user turn, quoted, ahead of the state (`template.context_text`).
 4. Run the stage's reads for all requests at once; with `auto`, add reads up to the cap
    for the chunks where some question's entropy is above the threshold (one more call).
 5. Aggregate the reads of each question into its answer.
@@ -37,6 +38,7 @@ from dgstream.workers.engine.template import (
     ChatFormat,
     Layout,
     LayoutCache,
+    context_text,
     labels_and_answers,
     make_read,
     noise_seed,
@@ -84,6 +86,7 @@ class _Job:
     engine_ms: float = 0.0
     error: RequestError | None = None
     images: tuple[ReadImage, ...] = ()  # every read of the request carries them
+    context: str | None = None  # its instructions as every user turn opens with them
 
 
 class Classifier:
@@ -157,7 +160,15 @@ class Classifier:
                     field="question_set",
                 )
                 return _Job(request, {}, [], error=err)
-        return _Job(request, dict(questions), question_order(questions), images=images)
+        context = None
+        if request.instructions is not None:
+            try:
+                context = self.chat.inert(context_text(request.instructions))
+            except RequestRejected as exc:
+                return _Job(request, {}, [], error=exc.error)
+        return _Job(
+            request, dict(questions), question_order(questions), images=images, context=context
+        )
 
     def _plan_stage(self, job: _Job, qids: Sequence[str]) -> list[_Chunk]:
         asked: list[str] = []
@@ -185,7 +196,8 @@ class Classifier:
                     if dep not in deps:
                         deps.append(dep)
             known = {d: job.answer_names[d] for d in deps if d in job.answer_names}
-            out.append(_Chunk(layout, qs, system_text(qs), user_text(job.request.state, known)))
+            user = user_text(job.request.state, known, job.context)
+            out.append(_Chunk(layout, qs, system_text(qs), user))
         return out
 
     def _n_reads(self, job: _Job) -> int:

@@ -5,7 +5,10 @@ single-step read, docs/model.md).
   `id: label` line per question. It is the same for every request of a question set, so
   its tokens form a prefix a backend can cache.
 - The *user turn* is the state, followed by the answers of the questions this chunk
-  depends on.
+  depends on. A request's own `instructions` (vLLM's request-level instructions) open the
+  user turn as a quoted context block, ahead of the state (`context_text`): after the
+  system text, so the question set's shared prefix stays first and shared, and out of the
+  system turn, since they are the producer's text and not the pipeline's.
 - The *answer template* is `id: <label>` lines; slot resolution tokenizes it with every
   label and checks that each label is ONE token at ONE position.
 - The *canvas* is the template, end-of-turn, then padding to a multiple of 16, with seeded
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from dgstream.schemas._common import printable
 from dgstream.schemas.kinds import get_kind, kinds
 from dgstream.workers.engine.types import Read, Slot
 
@@ -67,11 +71,36 @@ def system_text(questions: Mapping[str, Question]) -> str:
     return "\n".join(lines)
 
 
-def user_text(state: str, known: Mapping[str, str]) -> str:
-    if not known:
-        return state
-    earlier = "\n".join(f"{qid}: {answer}" for qid, answer in known.items())
-    return f"{state}\n\nEarlier answers:\n{earlier}"
+# The heading of a request's instructions in the user turn, and of the state after them.
+CONTEXT_HEADING = "Context given with the request (quoted):"
+MESSAGE_HEADING = "Message:"
+
+
+def context_text(instructions: str) -> str:
+    """A request's `instructions` as the user turn opens with them: the heading, then every
+    line of the text quoted with "> " (">" alone for an empty one). Every line boundary
+    Python knows (`str.splitlines`: CR, LF, VT, FF, NEL, U+2028, ...) becomes a quoted
+    line's end, so no line of the text can stand outside the block: it cannot end it,
+    write the message's heading or "Earlier answers:". A lone surrogate (the schema refuses
+    them; should one come all the same) is written as its backslash escape, which encodes. The
+    tokenizer's own markers are a tokenizer's business: `ChatFormat.inert` breaks them."""
+    lines = printable(instructions).splitlines() or [""]
+    quoted = "\n".join(f"> {line}" if line else ">" for line in lines)
+    return f"{CONTEXT_HEADING}\n{quoted}"
+
+
+def user_text(state: str, known: Mapping[str, str], context: str | None = None) -> str:
+    """The user turn: the state and the earlier answers; with `context` (a request's
+    instructions as `context_text` and `ChatFormat.inert` make them) first, and the state
+    under its heading. Without it the text is the state's alone, byte for byte as it has
+    always been (the demo model was trained on it)."""
+    text = state
+    if known:
+        earlier = "\n".join(f"{qid}: {answer}" for qid, answer in known.items())
+        text = f"{state}\n\nEarlier answers:\n{earlier}"
+    if context is None:
+        return text
+    return f"{context}\n\n{MESSAGE_HEADING}\n{text}"
 
 
 def template_text(qids: Sequence[str], labels: Mapping[str, str]) -> str:
@@ -104,6 +133,10 @@ class ChatFormat:
     # The chat-template switch vLLM's reads set (`ReadPromptRequest.build_chat_params`).
     TEMPLATE_KWARGS: Mapping[str, Any] = {"enable_thinking": False}
     _SENTINEL = "\u0001DGSTREAM-USER\u0001"
+    # What `inert` writes inside a marker's text to break it: a zero-width space.
+    BREAK = "\u200b"
+    # Passes of `inert` before it gives up (one suffices for every tokenizer seen).
+    _INERT_PASSES = 4
 
     def __init__(
         self, tokenizer: Any, eot_token: str | None = None, *, thought: bool | None = None
@@ -120,7 +153,15 @@ class ChatFormat:
             thought = all(t in vocab for t in self._THOUGHT_TOKENS)
         self.thought_ids: tuple[int, ...] = tuple(self.encode(self.THOUGHT)) if thought else ()
         self._prefix_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._inert_cache: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
+        # The ids of the tokenizer's special tokens (turn markers, channel markers, BOS,
+        # EOS, padding, image tokens ...): text from a request must never become one.
+        self.special_ids: frozenset[int] = frozenset(
+            int(i)
+            for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if getattr(tok, "special", True)
+        ) | frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()))
         # Render once with a sentinel user turn: everything before it is the shared prefix.
         rendered = tokenizer.apply_chat_template(
             [
@@ -136,6 +177,57 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def inert(self, text: str) -> str:
+        """`text` with every piece the tokenizer would read as one of its special tokens
+        broken by a zero-width space after its first character (a one-character marker is
+        replaced by U+FFFD), until none is left: a request's text can then not open or end
+        a turn, a channel or an image, whatever the chat format's markers are. The state is
+        not passed through it (its prompt is what the demo model was trained on); a
+        request's instructions are. Raises `RequestRejected` (INVALID_VALUE, field
+        `instructions`) if markers are still read after a few passes (a tokenizer that
+        drops the zero-width space before it matches its markers)."""
+        with self._lock:
+            hit = self._inert_cache.get(text)
+            if hit is not None:
+                self._inert_cache.move_to_end(text)
+                return hit
+        out = text
+        for _ in range(self._INERT_PASSES):
+            spans = self._special_spans(out)
+            if not spans:
+                break
+            for start, end in reversed(spans):
+                if end - start <= 1:
+                    out = f"{out[:start]}\ufffd{out[end:]}"
+                else:
+                    out = f"{out[: start + 1]}{self.BREAK}{out[start + 1 :]}"
+        else:
+            if self._special_spans(out):
+                raise _reject(
+                    "INVALID_VALUE",
+                    "instructions: the model's tokenizer still reads its own markers in "
+                    "them after they were broken; send them without the markers",
+                    "instructions",
+                )
+        with self._lock:
+            self._inert_cache[text] = out
+            if len(self._inert_cache) > 256:
+                self._inert_cache.popitem(last=False)
+        return out
+
+    def _special_spans(self, text: str) -> list[tuple[int, int]]:
+        """Where in `text` the tokenizer reads a special token (character offsets)."""
+        if not self.special_ids:
+            return []
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return sorted(
+            {
+                (int(a), int(b))
+                for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+                if t in self.special_ids
+            }
+        )
 
     def prefix_ids(self, system: str) -> tuple[int, ...]:
         """Tokens of the chat up to the start of the user's text (cached: it repeats)."""

@@ -7,8 +7,9 @@ with its code and field. When all are good and the engine reads no images
 IMAGES_NOT_READ: answered from its text alone it would be silently wrong. When the engine
 reads them (the transformers engine on a model with a vision tower), their RGB pixels are
 kept and handed on with the request (`GateOutcome.images`). Request-level
-`instructions` likewise (INSTRUCTIONS_NOT_READ) until the prompt places them. Requests
-without either pass untouched, at no cost. Every refusal is a `RequestError`: the worker
+`instructions` are no concern of the gate: every engine's prompt places them
+(`workers.engine.template.context_text`), so INSTRUCTIONS_NOT_READ is no longer produced.
+Requests without images pass untouched, at no cost. Every refusal is a `RequestError`: the worker
 dead-letters it with the record's original bytes, as any other.
 """
 
@@ -151,8 +152,8 @@ class InputGate:
 
     @staticmethod
     def concerns(request: ClassificationRequest) -> bool:
-        """Whether the gate has anything to say about the request (images, instructions)."""
-        return request.instructions is not None or bool(request.image_refs)
+        """Whether the gate has anything to say about the request (its images)."""
+        return bool(request.image_refs)
 
     async def refusals(self, requests: Sequence[ClassificationRequest]) -> dict[int, RequestError]:
         """Index in `requests` -> why that request is refused; the rest go to the engine."""
@@ -198,14 +199,6 @@ class InputGate:
                 )
             read = tuple(
                 (ReadImage(c.decoded.sha256, c.decoded.image), c.audit_image()) for c in checked
-            )
-        if request.instructions is not None:
-            return RequestError(
-                code=ErrorCode.INSTRUCTIONS_NOT_READ,
-                message=f"instructions: the pipeline's prompt ({self._name()}) does not place "
-                "request-level instructions yet; answering without them would be wrong. Put "
-                "the context in the state or in each question's instructions",
-                field="instructions",
             )
         return read or None
 

@@ -95,9 +95,8 @@ class BatchClassifier:
     async def _classify(self, requests: Sequence[ClassificationRequest]) -> list[Outcome]:
         if self._gate is None:
             return await self._solve(requests, whole=True)
-        # Requests whose images (or request-level instructions) the engine would not read
-        # are refused here; the others go to the engine as before, in order, with the
-        # images it reads.
+        # Requests with bad images, or images the engine would not read, are refused here;
+        # the others go to the engine as before, in order, with the images it reads.
         checked = await self._gate.check(requests)
         refused = checked.refused
         self._images = {id(requests[i]): images for i, images in checked.images.items()}
