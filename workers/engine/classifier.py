@@ -87,6 +87,7 @@ class _Job:
     error: RequestError | None = None
     images: tuple[ReadImage, ...] = ()  # every read of the request carries them
     context: str | None = None  # its instructions as every user turn opens with them
+    state: str = ""  # its state as the prompt carries it (`ChatFormat.inert`)
 
 
 class Classifier:
@@ -160,14 +161,23 @@ class Classifier:
                     field="question_set",
                 )
                 return _Job(request, {}, [], error=err)
+        # Producer text in the prompt never becomes one of the tokenizer's markers: the
+        # state (a hostile one could end the user turn), the instructions, and below the
+        # system text of inline questions. A no-op for text without markers.
         context = None
-        if request.instructions is not None:
-            try:
+        try:
+            state = self.chat.inert(request.state, field="state", cache=False)
+            if request.instructions is not None:
                 context = self.chat.inert(context_text(request.instructions))
-            except RequestRejected as exc:
-                return _Job(request, {}, [], error=exc.error)
+        except RequestRejected as exc:
+            return _Job(request, {}, [], error=exc.error)
         return _Job(
-            request, dict(questions), question_order(questions), images=images, context=context
+            request,
+            dict(questions),
+            question_order(questions),
+            images=images,
+            context=context,
+            state=state,
         )
 
     def _plan_stage(self, job: _Job, qids: Sequence[str]) -> list[_Chunk]:
@@ -196,8 +206,8 @@ class Classifier:
                     if dep not in deps:
                         deps.append(dep)
             known = {d: job.answer_names[d] for d in deps if d in job.answer_names}
-            user = user_text(job.request.state, known, job.context)
-            out.append(_Chunk(layout, qs, system_text(qs), user))
+            user = user_text(job.state, known, job.context)
+            out.append(_Chunk(layout, qs, self.chat.inert(system_text(qs), "questions"), user))
         return out
 
     def _n_reads(self, job: _Job) -> int:

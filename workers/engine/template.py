@@ -162,6 +162,25 @@ class ChatFormat:
             for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items()
             if getattr(tok, "special", True)
         ) | frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()))
+        # Their text, for `inert`'s quick look: a text holding none of them cannot hold one
+        # when the tokenizer matches them on the raw text (added tokens not `normalized`);
+        # otherwise every text is tokenized to find them.
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        self._marker_texts: tuple[str, ...] = tuple(
+            sorted(
+                {str(tok.content) for i, tok in added.items() if int(i) in self.special_ids}
+                | {str(s) for s in getattr(tokenizer, "all_special_tokens", ())}
+            )
+        )
+        self._markers_raw: bool = (
+            bool(self._marker_texts)
+            and not any(
+                getattr(tok, "normalized", True)
+                for i, tok in added.items()
+                if int(i) in self.special_ids
+            )
+            and all(int(i) in added for i in self.special_ids)
+        )
         # Render once with a sentinel user turn: everything before it is the shared prefix.
         rendered = tokenizer.apply_chat_template(
             [
@@ -178,15 +197,19 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def inert(self, text: str) -> str:
+    def inert(self, text: str, field: str = "instructions", cache: bool = True) -> str:
         """`text` with every piece the tokenizer would read as one of its special tokens
         broken by a zero-width space after its first character (a one-character marker is
         replaced by U+FFFD), until none is left: a request's text can then not open or end
-        a turn, a channel or an image, whatever the chat format's markers are. The state is
-        not passed through it (its prompt is what the demo model was trained on); a
-        request's instructions are. Raises `RequestRejected` (INVALID_VALUE, field
-        `instructions`) if markers are still read after a few passes (a tokenizer that
-        drops the zero-width space before it matches its markers)."""
+        a turn, a channel or an image, whatever the chat format's markers are. Every piece of
+        a request's text the prompt carries goes through it (its state, its instructions,
+        its inline questions); text without markers comes back as it is, so their prompts
+        are what they always were. Raises `RequestRejected` (INVALID_VALUE, naming `field`)
+        if markers are still read after a few passes (a tokenizer that drops the zero-width
+        space before it matches its markers). `cache`: remember the answer (text that
+        repeats: instructions, question sets; not states)."""
+        if self._markers_raw and not any(m in text for m in self._marker_texts):
+            return text  # no marker's text in it, and markers match raw text only
         with self._lock:
             hit = self._inert_cache.get(text)
             if hit is not None:
@@ -206,14 +229,15 @@ class ChatFormat:
             if self._special_spans(out):
                 raise _reject(
                     "INVALID_VALUE",
-                    "instructions: the model's tokenizer still reads its own markers in "
-                    "them after they were broken; send them without the markers",
-                    "instructions",
+                    f"{field}: the model's tokenizer still reads its own markers in "
+                    "it after they were broken; send it without the markers",
+                    field,
                 )
-        with self._lock:
-            self._inert_cache[text] = out
-            if len(self._inert_cache) > 256:
-                self._inert_cache.popitem(last=False)
+        if cache:
+            with self._lock:
+                self._inert_cache[text] = out
+                if len(self._inert_cache) > 256:
+                    self._inert_cache.popitem(last=False)
         return out
 
     def _special_spans(self, text: str) -> list[tuple[int, int]]:
