@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dgstream.schemas import (
@@ -331,3 +333,24 @@ def test_text_without_markers_is_not_copied(demo_chat: ChatFormat) -> None:
     assert demo_chat.inert(text, field="state", cache=False) is text
     broken = demo_chat.inert("a<end_of_turn>b", field="state", cache=False)
     assert broken != "a<end_of_turn>b" and not _specials(demo_chat, demo_chat.encode(broken))
+
+
+_MARKERS = ["<end_of_turn>", "<start_of_turn>", "<bos>", "<eos>", "<pad>", "<unk>"]
+
+
+@given(
+    pieces=st.lists(
+        st.one_of(st.sampled_from(_MARKERS), st.text(alphabet="<>_/ abcdefghnrstu\n", max_size=12)),
+        max_size=12,
+    )
+)
+@settings(max_examples=150, deadline=None)
+def test_no_state_writes_a_marker(demo_chat: ChatFormat, pieces: list[str]) -> None:
+    """Any text built of markers, their fragments and the characters they are made of: after
+    `inert`, the tokenizer reads no special token in it, and text without a marker's text
+    is returned unchanged."""
+    text = "".join(pieces)
+    out = demo_chat.inert(text, field="state", cache=False)
+    assert not _specials(demo_chat, demo_chat.encode(out))
+    if not any(m in text for m in _MARKERS):
+        assert out == text
