@@ -227,12 +227,13 @@ class ChatFormat:
                     out = f"{out[: start + 1]}{self.BREAK}{out[start + 1 :]}"
         else:
             if self._special_spans(out):
-                raise _reject(
-                    "INVALID_VALUE",
-                    f"{field}: the model's tokenizer still reads its own markers in "
-                    "it after they were broken; send it without the markers",
-                    field,
-                )
+                raise self._still_marked(field)
+        # A Python tokenizer's spans were found by the markers' text: its tokens have the
+        # last word (a fast one's spans are its tokens already).
+        if not getattr(self.tokenizer, "is_fast", False) and any(
+            t in self.special_ids for t in self.encode(out)
+        ):
+            raise self._still_marked(field)
         if cache:
             with self._lock:
                 self._inert_cache[text] = out
@@ -240,10 +241,23 @@ class ChatFormat:
                     self._inert_cache.popitem(last=False)
         return out
 
+    @staticmethod
+    def _still_marked(field: str) -> RequestRejected:
+        return _reject(
+            "INVALID_VALUE",
+            f"{field}: the model's tokenizer still reads its own markers in it after they "
+            "were broken; send it without the markers",
+            field,
+        )
+
     def _special_spans(self, text: str) -> list[tuple[int, int]]:
-        """Where in `text` the tokenizer reads a special token (character offsets)."""
+        """Where in `text` the tokenizer reads a special token (character offsets). A fast
+        tokenizer says so itself (its offsets); a Python ("slow") one gives no offsets, and
+        it matches its added tokens on the raw text, so the markers' text is searched."""
         if not self.special_ids:
             return []
+        if not getattr(self.tokenizer, "is_fast", False):
+            return self._marker_spans(text)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return sorted(
             {
@@ -252,6 +266,21 @@ class ChatFormat:
                 if t in self.special_ids
             }
         )
+
+    def _marker_spans(self, text: str) -> list[tuple[int, int]]:
+        """Each marker text's occurrences, longest marker first where two overlap (as a
+        tokenizer's trie of added tokens matches them), left to right."""
+        spans: list[tuple[int, int]] = []
+        taken = [False] * len(text)
+        for marker in sorted(self._marker_texts, key=len, reverse=True):
+            start = text.find(marker)
+            while marker and start >= 0:
+                end = start + len(marker)
+                if not any(taken[start:end]):
+                    spans.append((start, end))
+                    taken[start:end] = [True] * (end - start)
+                start = text.find(marker, start + 1)
+        return sorted(spans)
 
     def prefix_ids(self, system: str) -> tuple[int, ...]:
         """Tokens of the chat up to the start of the user's text (cached: it repeats)."""

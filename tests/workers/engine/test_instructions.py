@@ -354,3 +354,38 @@ def test_no_state_writes_a_marker(demo_chat: ChatFormat, pieces: list[str]) -> N
     assert not _specials(demo_chat, demo_chat.encode(out))
     if not any(m in text for m in _MARKERS):
         assert out == text
+
+
+class _PythonTokenizer:
+    """The demo model's tokenizer as a Python ("slow") tokenizer presents itself: no offsets
+    (transformers raises NotImplementedError for them) and `is_fast` False; everything
+    else is the real tokenizer's."""
+
+    is_fast = False
+
+    def __init__(self, fast: Any) -> None:
+        self._fast = fast
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fast, name)
+
+    def __len__(self) -> int:
+        return len(self._fast)
+
+    def __call__(self, text: str, **kw: Any) -> Any:
+        if kw.get("return_offsets_mapping"):
+            raise NotImplementedError("return_offset_mapping is not available")
+        return self._fast(text, **kw)
+
+
+@pytest.mark.parametrize("text", HOSTILE[:2] + HOSTILE[4:5], ids=range(3))
+def test_a_python_tokenizer_is_served_by_the_markers_text(demo_chat: ChatFormat, text: str) -> None:
+    """A tokenizer without offsets: `inert` finds the markers by their text instead of
+    failing (which would have failed the engine stage, not the request), and the result is
+    what the fast tokenizer's offsets give: no special token is read in it."""
+    chat = ChatFormat(_PythonTokenizer(demo_chat.tokenizer))
+    out = chat.inert(text, field="state", cache=False)
+    assert out == demo_chat.inert(text, field="state", cache=False)
+    assert not _specials(demo_chat, demo_chat.encode(out))
+    plain = STATE * 2
+    assert chat.inert(plain, field="state", cache=False) is plain
