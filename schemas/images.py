@@ -19,6 +19,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Literal
 
 from pydantic import Field
@@ -68,9 +69,13 @@ class ImageRef:
     source: ImageSource
     value: str
     media_type: str | None = None
+    # The inline bytes, decoded once by the parse's check (the gate reads them again).
+    raw: bytes | None = dc_field(default=None, repr=False, compare=False)
 
     def data(self) -> bytes:
         """The inline bytes (only for `source == "inline"`; checked at parse time)."""
+        if self.raw is not None:
+            return self.raw
         return base64.b64decode(self.value, validate=True)
 
     @property
@@ -78,12 +83,12 @@ class ImageRef:
         return self.value if self.source == "url" else None
 
 
-def _b64_ok(payload: str) -> bool:
+def _b64(payload: str) -> bytes | None:
+    """The payload's bytes, or None where it is not base64."""
     try:
-        base64.b64decode(payload, validate=True)
+        return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        return False
-    return True
+        return None
 
 
 def check_reference(text: str, field: str) -> ImageRef:
@@ -98,9 +103,10 @@ def check_reference(text: str, field: str) -> ImageRef:
                 field,
             )
         payload = m.group("data")
-        if not payload or not _b64_ok(payload):
+        raw = _b64(payload) if payload else None
+        if raw is None:
             raise fail(ErrorCode.INVALID_IMAGE_SOURCE, "the data URL's data is not base64", field)
-        return ImageRef(field, "inline", payload, m.group("type").lower())
+        return ImageRef(field, "inline", payload, m.group("type").lower(), raw)
     if len(text) > MAX_URL_CHARS or _HTTP_URL.fullmatch(text) is None:
         raise fail(
             ErrorCode.INVALID_IMAGE_SOURCE,
@@ -154,11 +160,12 @@ class JevAsset(RequestModel):
                 "a multipart part has no Kafka equivalent: send the image as data_base64",
                 f"{field}.part",
             )
-        if not self.data_base64 or not _b64_ok(self.data_base64):
+        raw = _b64(self.data_base64) if self.data_base64 else None
+        if raw is None or not self.data_base64:
             raise fail(
                 ErrorCode.INVALID_IMAGE_SOURCE,
                 "an asset needs data_base64, the image file in base64",
                 f"{field}.data_base64",
             )
         media = _JEV_TYPES.get(self.format or "")
-        return ImageRef(field, "inline", self.data_base64, media)
+        return ImageRef(field, "inline", self.data_base64, media, raw)

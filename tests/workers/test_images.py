@@ -225,6 +225,17 @@ def test_good_images_come_out_as_plain_rgb() -> None:
     assert audit["source"] == "inline" and audit["url"] is None and len(str(audit["sha256"])) == 64
 
 
+def test_inline_bytes_are_decoded_once() -> None:
+    """The parse's base64 check keeps the bytes it decoded: the gate reads those (a second
+    decode cost 0.6 ms of a 200 KB image's 5.6 ms), for data URLs and Jev assets alike."""
+    asset = {"type": "image", "format": "png", "data_base64": base64.b64encode(_PNG).decode()}
+    req = request({"state": "x", "images": [data_url(_PNG)], "assets": {"a": asset}})
+    refs = req.image_refs
+    assert len(refs) == 2
+    for ref in refs:
+        assert ref.data() == _PNG and ref.data() is ref.data()
+
+
 def test_the_pixel_cap_is_read_from_the_header_before_decoding() -> None:
     # 49 megapixels named in the header, a few hundred bytes of data: at a cap of one
     # megapixel nothing is decoded (a decode would allocate 147 MB and then fail).
