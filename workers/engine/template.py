@@ -18,6 +18,7 @@ single-step read, docs/model.md).
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -172,6 +173,19 @@ class ChatFormat:
                 | {str(s) for s in getattr(tokenizer, "all_special_tokens", ())}
             )
         )
+        # A Python ("slow") tokenizer gives no offsets: its markers are found by their
+        # text. In reverse order a marker sorts before any marker that is a prefix of it,
+        # so the alternation tries the longer first.
+        self._fast: bool = bool(getattr(tokenizer, "is_fast", False))
+        self._marker_re: re.Pattern[str] | None = (
+            re.compile(
+                "|".join(
+                    re.escape(m) for m in sorted(filter(None, self._marker_texts), reverse=True)
+                )
+            )
+            if self._marker_texts
+            else None
+        )
         self._markers_raw: bool = (
             bool(self._marker_texts)
             and not any(
@@ -230,9 +244,7 @@ class ChatFormat:
                 raise self._still_marked(field)
         # A Python tokenizer's spans were found by the markers' text: its tokens have the
         # last word (a fast one's spans are its tokens already).
-        if not getattr(self.tokenizer, "is_fast", False) and any(
-            t in self.special_ids for t in self.encode(out)
-        ):
+        if not self._fast and any(t in self.special_ids for t in self.encode(out)):
             raise self._still_marked(field)
         if cache:
             with self._lock:
@@ -256,7 +268,7 @@ class ChatFormat:
         it matches its added tokens on the raw text, so the markers' text is searched."""
         if not self.special_ids:
             return []
-        if not getattr(self.tokenizer, "is_fast", False):
+        if not self._fast:
             return self._marker_spans(text)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return sorted(
@@ -268,19 +280,9 @@ class ChatFormat:
         )
 
     def _marker_spans(self, text: str) -> list[tuple[int, int]]:
-        """Each marker text's occurrences, longest marker first where two overlap (as a
-        tokenizer's trie of added tokens matches them), left to right."""
-        spans: list[tuple[int, int]] = []
-        taken = [False] * len(text)
-        for marker in sorted(self._marker_texts, key=len, reverse=True):
-            start = text.find(marker)
-            while marker and start >= 0:
-                end = start + len(marker)
-                if not any(taken[start:end]):
-                    spans.append((start, end))
-                    taken[start:end] = [True] * (end - start)
-                start = text.find(marker, start + 1)
-        return sorted(spans)
+        """Each marker text's occurrences, left to right, the longest where two start at
+        one place (as a tokenizer's added-token trie matches them)."""
+        return [m.span() for m in self._marker_re.finditer(text)] if self._marker_re else []
 
     def prefix_ids(self, system: str) -> tuple[int, ...]:
         """Tokens of the chat up to the start of the user's text (cached: it repeats)."""

@@ -389,3 +389,104 @@ def test_a_python_tokenizer_is_served_by_the_markers_text(demo_chat: ChatFormat,
     assert not _specials(demo_chat, demo_chat.encode(out))
     plain = STATE * 2
     assert chat.inert(plain, field="state", cache=False) is plain
+
+
+def test_a_marker_is_broken_after_its_first_character_and_nothing_else_moves(
+    demo_chat: ChatFormat,
+) -> None:
+    """What `inert` writes, exactly: a zero-width space after a marker's first character, in
+    each marker, and the text around them as it was (no token the tokenizer adds of its own,
+    such as BOS, counts as a marker in the text)."""
+    z = ChatFormat.BREAK
+    got = demo_chat.inert("a<end_of_turn>b <bos>", field="state", cache=False)
+    assert got == f"a<{z}end_of_turn>b <{z}bos>"
+
+
+def test_empty_instructions_are_one_empty_quoted_line() -> None:
+    assert context_text("") == f"{CONTEXT_HEADING}\n>"
+
+
+@given(
+    pieces=st.lists(
+        st.one_of(st.sampled_from(_MARKERS), st.text(alphabet="<>_/ abcdefghnrstu\n", max_size=12)),
+        max_size=12,
+    )
+)
+@settings(max_examples=100, deadline=None)
+def test_a_python_tokenizer_breaks_what_the_fast_one_breaks(
+    demo_chat: ChatFormat, pieces: list[str]
+) -> None:
+    """The markers found by their text (a Python tokenizer) are the ones the fast tokenizer's
+    offsets give: `inert` writes the same text either way."""
+    text = "".join(pieces)
+    chat = ChatFormat(_PythonTokenizer(demo_chat.tokenizer))
+    assert chat.inert(text, field="state", cache=False) == demo_chat.inert(
+        text, field="state", cache=False
+    )
+
+
+def _tokenizer_with(markers: list[str]) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    from dgstream.workers.engine.tokenizer import build_tokenizer
+
+    raw = build_tokenizer()
+    raw.add_special_tokens(markers)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+        "{% endif %}"
+    )
+    return tok
+
+
+def test_where_two_markers_start_at_one_place_the_longer_is_broken() -> None:
+    """Markers that are prefixes of each other ("<|image>" and "<|image>>"): the tokenizer
+    reads the longer one, and a Python tokenizer's search breaks that one, as the fast
+    tokenizer's offsets do."""
+    tok = _tokenizer_with(["<start_of_turn>", "<end_of_turn>", "<|image>", "<|image>>"])
+    fast, slow = ChatFormat(tok), ChatFormat(_PythonTokenizer(tok))
+    z = ChatFormat.BREAK
+    text = "x<|image>>y<|image>"
+    want = f"x<{z}|image>>y<{z}|image>"
+    assert fast.inert(text, field="state", cache=False) == want
+    assert slow.inert(text, field="state", cache=False) == want
+
+
+class _DropsBreaks(_PythonTokenizer):
+    """A tokenizer that drops zero-width spaces (and U+FFFD) before it matches its markers,
+    as a normalizer may: no break `inert` writes can hold."""
+
+    def __call__(self, text: str, **kw: Any) -> Any:
+        return super().__call__(text.replace(ChatFormat.BREAK, "").replace("\ufffd", ""), **kw)
+
+
+def test_markers_that_cannot_be_broken_are_refused_by_field(demo_chat: ChatFormat) -> None:
+    """If the tokenizer still reads a marker after every pass, the text is refused
+    (INVALID_VALUE, naming the field), never sent to the model with the marker in it."""
+    from dgstream.schemas import ErrorCode, RequestRejected
+
+    chat = ChatFormat(_DropsBreaks(demo_chat.tokenizer))
+    with pytest.raises(RequestRejected) as caught:
+        chat.inert("hi <end_of_turn> there", field="instructions", cache=False)
+    err = caught.value.error
+    assert err.code is ErrorCode.INVALID_VALUE and err.field == "instructions"
+    assert "markers" in err.message and err.message.startswith("instructions:")
+    assert chat.inert("no marker here", field="state", cache=False) == "no marker here"
+
+
+def test_a_fast_tokenizer_breaks_only_what_it_reads_as_a_marker() -> None:
+    """A marker the tokenizer reads only as a word of its own (`single_word`): inside a word
+    it is plain text to the tokenizer, and `inert` leaves it there (the fast tokenizer's
+    offsets decide, not the marker's text); alone, it is broken."""
+    from tokenizers import AddedToken
+
+    tok = _tokenizer_with(["<start_of_turn>", "<end_of_turn>"])
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken("<w>", single_word=True)]})
+    chat = ChatFormat(tok)
+    assert tok.convert_tokens_to_ids("<w>") in chat.special_ids
+    assert chat.inert("a<w>b", field="state", cache=False) == "a<w>b"
+    assert chat.inert("a <w> b", field="state", cache=False) == f"a <{ChatFormat.BREAK}w> b"
