@@ -177,14 +177,10 @@ class ChatFormat:
         # text. In reverse order a marker sorts before any marker that is a prefix of it,
         # so the alternation tries the longer first.
         self._fast: bool = bool(getattr(tokenizer, "is_fast", False))
-        self._marker_re: re.Pattern[str] | None = (
-            re.compile(
-                "|".join(
-                    re.escape(m) for m in sorted(filter(None, self._marker_texts), reverse=True)
-                )
-            )
-            if self._marker_texts
-            else None
+        # (With no marker at all, a pattern that matches nothing.)
+        self._marker_re: re.Pattern[str] = re.compile(
+            "|".join(re.escape(m) for m in sorted(filter(None, self._marker_texts), reverse=True))
+            or "(?!)"
         )
         self._markers_raw: bool = (
             bool(self._marker_texts)
@@ -282,7 +278,7 @@ class ChatFormat:
     def _marker_spans(self, text: str) -> list[tuple[int, int]]:
         """Each marker text's occurrences, left to right, the longest where two start at
         one place (as a tokenizer's added-token trie matches them)."""
-        return [m.span() for m in self._marker_re.finditer(text)] if self._marker_re else []
+        return [m.span() for m in self._marker_re.finditer(text)]
 
     def prefix_ids(self, system: str) -> tuple[int, ...]:
         """Tokens of the chat up to the start of the user's text (cached: it repeats)."""

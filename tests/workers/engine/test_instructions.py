@@ -425,13 +425,18 @@ def test_a_python_tokenizer_breaks_what_the_fast_one_breaks(
     )
 
 
-def _tokenizer_with(markers: list[str]) -> Any:
+def _tokenizer_with(markers: list[str], *, bos: bool = False) -> Any:
+    from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
     from dgstream.workers.engine.tokenizer import build_tokenizer
 
     raw = build_tokenizer()
     raw.add_special_tokens(markers)
+    if bos:  # as Gemma's tokenizer does: BOS ahead of every text it is asked to encode
+        raw.post_processor = TemplateProcessing(
+            single="<bos> $A", special_tokens=[("<bos>", raw.token_to_id("<bos>"))]
+        )
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
     )
@@ -474,7 +479,8 @@ def test_markers_that_cannot_be_broken_are_refused_by_field(demo_chat: ChatForma
         chat.inert("hi <end_of_turn> there", field="instructions", cache=False)
     err = caught.value.error
     assert err.code is ErrorCode.INVALID_VALUE and err.field == "instructions"
-    assert "markers" in err.message and err.message.startswith("instructions:")
+    assert err.message.startswith("instructions: the model's tokenizer still reads")
+    assert err.message.endswith("; send it without the markers")
     assert chat.inert("no marker here", field="state", cache=False) == "no marker here"
 
 
@@ -490,3 +496,13 @@ def test_a_fast_tokenizer_breaks_only_what_it_reads_as_a_marker() -> None:
     assert tok.convert_tokens_to_ids("<w>") in chat.special_ids
     assert chat.inert("a<w>b", field="state", cache=False) == "a<w>b"
     assert chat.inert("a <w> b", field="state", cache=False) == f"a <{ChatFormat.BREAK}w> b"
+
+
+def test_a_tokenizer_that_adds_bos_breaks_only_the_texts_markers() -> None:
+    """A tokenizer that puts BOS ahead of whatever it encodes: the BOS it would add is not
+    in the text, so nothing is written for it; the text's own markers are broken."""
+    tok = _tokenizer_with(["<start_of_turn>", "<end_of_turn>"], bos=True)
+    assert tok("x")["input_ids"][0] == tok.bos_token_id  # it does add one
+    chat = ChatFormat(tok)
+    z = ChatFormat.BREAK
+    assert chat.inert("a<end_of_turn>b", field="state", cache=False) == f"a<{z}end_of_turn>b"
