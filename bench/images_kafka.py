@@ -25,10 +25,10 @@ the run, start-up and drain included. Every run checks that each request got one
 that the image variant's results say their image was read (the audit block's image hash).
 
     .venv/bin/python -m bench.images_kafka                 # starts and stops its own broker
-    .venv/bin/python -m bench.images_kafka --messages 2000 --repeat 3 --write
+    .venv/bin/python -m bench.images_kafka --messages 600 --repeat 2 --no-write
 
-Prints a markdown table and the command; `--write` puts it in docs/benchmarks.md
-("images-kafka"), `--json PATH` writes the figures.
+Prints a markdown table and the command and puts it in docs/benchmarks.md ("images-kafka";
+`--no-write`: not), `--json PATH` writes the figures.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from bench.worker_overhead import (
     measured_output,
     produce_input,
     run_worker,
+    worker_run_parser,
 )
 from dgstream.workers.engine.classifier import Classifier, ClassifierSettings
 from dgstream.workers.engine.factory import EngineSettings, build_engine
@@ -148,7 +149,7 @@ def one_run(conn: KafkaConnection, v: Variant, classifier: Classifier, label: st
 
 
 def command(argv: Sequence[str]) -> str:
-    kept = [a for a in argv if a != "--write"]
+    kept = [a for a in argv if a != "--no-write"]
     for flag in ("--json", "--bootstrap"):  # where to write, which broker: not the figures'
         if flag in kept:
             i = kept.index(flag)
@@ -203,15 +204,10 @@ def report(vs: list[Variant], args: argparse.Namespace, argv: Sequence[str], loa
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--bootstrap", help="an existing broker (default: start a local one)")
-    ap.add_argument("--messages", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = worker_run_parser(__doc__)  # --bootstrap, --messages, --repeat, --no-write
+    ap.set_defaults(messages=3000, repeat=4)
     ap.add_argument("--image-kb", type=int, default=200)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--json", help="write the figures here")
     return ap
 
@@ -236,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 one_run(conn, v, classifier, f"run {rnd + 1} {v.name:>9}")
     text = report(vs, args, argv, load)
     print(text)
-    if args.write:
+    if not args.no_write:
         write_section(SECTION, text)
     if args.json:
         figures = {

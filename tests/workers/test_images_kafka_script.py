@@ -25,6 +25,7 @@ def test_the_images_through_kafka_benchmark_runs(pipeline: Pipeline, tmp_path: P
     before = doc.read_bytes()
     figures = tmp_path / "figures.json"
     args = ["--bootstrap", boot, "--messages", "40", "--repeat", "1", "--image-kb", "10"]
+    args.append("--no-write")
     out = subprocess.run(
         [sys.executable, "-m", "bench.images_kafka", *args, "--json", str(figures)],
         cwd=ROOT,
