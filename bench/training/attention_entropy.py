@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     trained = models.TRAINED_DIRS["demo"]
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(trained)))
-    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    layouts = LayoutCache(chat.encode, models.SPECS["demo"].canvas_length)
     _, batch = held_out_batch(chat, layouts, split=3, count=args.requests)
 
     def fresh() -> Any:

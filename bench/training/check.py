@@ -32,7 +32,7 @@ def engine_check(
         model_dir, device=device, max_batch_reads=batch, reuse_prefix=False
     )
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(model_dir)))
-    layouts = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
+    layouts = LayoutCache(chat.encode, engine.info.canvas_length)
     examples = (
         demo_tasks.held_out_image_examples(split, count)
         if images
@@ -103,7 +103,7 @@ def parity_check(
 
     from dgstream.workers.engine.hf_backend import TransformersEngine
 
-    layouts = LayoutCache(chat.encode, chat.eot_id, model.config.canvas_length)
+    layouts = LayoutCache(chat.encode, model.config.canvas_length)
     items, t = held_out_batch(chat, layouts, split=7, count=n, images=images)
     ref = DemoModel.load(model_dir)
     with torch.inference_mode():

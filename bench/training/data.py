@@ -28,7 +28,7 @@ def _init_worker(tokenizer_dir: str, max_width: int) -> None:
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(tokenizer_dir))
     _W["chat"] = chat
-    _W["layouts"] = LayoutCache(chat.encode, chat.eot_id, max_width, size=4096)
+    _W["layouts"] = LayoutCache(chat.encode, max_width, size=4096)
     _W["marks"] = PointerMarks.of(chat)
 
 

@@ -41,7 +41,7 @@ def slot_attention(model: Any, chat: ChatFormat, ex: demo_tasks.Example, top: in
     """(answer probabilities by option, [(layer, head, [(token, position, weight)])])."""
     import torch
 
-    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    layouts = LayoutCache(chat.encode, models.SPECS["demo"].canvas_length)
     ((read, _, _),) = request_reads(chat, layouts, ex, seed=0)
     tokens = chat.tokenizer.convert_ids_to_tokens([*read.prompt_ids, *read.canvas_ids])
     query = read.slots[0].position  # the decoder's queries are the canvas positions

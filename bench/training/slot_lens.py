@@ -38,7 +38,7 @@ def slot_lens(model: Any, chat: ChatFormat, examples: Sequence[demo_tasks.Exampl
     """{question type: {decoder layer: share of slots whose true name leads}}."""
     import torch
 
-    layouts = LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    layouts = LayoutCache(chat.encode, models.SPECS["demo"].canvas_length)
     items, slots = [], []
     for ex in examples:
         for read, targets, kinds in request_reads(chat, layouts, ex, seed=0):

@@ -102,7 +102,7 @@ class Classifier:
         self.chat = chat
         self.settings = settings or ClassifierSettings()
         self.question_sets = dict(question_sets or {})
-        self.layouts = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
+        self.layouts = LayoutCache(chat.encode, engine.info.canvas_length)
 
     async def classify(
         self,

@@ -338,7 +338,6 @@ def resolve_layout(
     encode: Encoder,
     questions: Sequence[tuple[str, tuple[str, ...]]],
     *,
-    eot_id: int,
     max_width: int,
 ) -> Layout:
     """Tokenize the template with every label and find each question's slot.
@@ -410,7 +409,7 @@ def resolve_layout(
     return Layout(qids, tuple(base), tuple(slots), width)
 
 
-def standard_label_ids(encode: Encoder, eot_id: int) -> tuple[int, ...]:
+def standard_label_ids(encode: Encoder) -> tuple[int, ...]:
     """The token ids of every label the templates write (each kind's `shared_labels`: yes/no,
     A..Z, 1..9) at a slot, sorted; labels that are not one token there are left out (a read
     that needs them asks for its own)."""
@@ -418,7 +417,7 @@ def standard_label_ids(encode: Encoder, eot_id: int) -> tuple[int, ...]:
     groups = [k.shared_labels for k in kinds() if k.shared_labels]
     for labels in groups:
         try:
-            layout = resolve_layout(encode, [("q", labels)], eot_id=eot_id, max_width=1 << 16)
+            layout = resolve_layout(encode, [("q", labels)], max_width=1 << 16)
         except Exception:
             continue
         ids.update(layout.slots[0].label_ids)
@@ -433,9 +432,8 @@ def canvas_width(template_len: int) -> int:
 class LayoutCache:
     """Resolved layouts by (question ids, labels): resolution tokenizes every label."""
 
-    def __init__(self, encode: Encoder, eot_id: int, max_width: int, size: int = 1024) -> None:
+    def __init__(self, encode: Encoder, max_width: int, size: int = 1024) -> None:
         self._encode = encode
-        self._eot = eot_id
         self.max_width = max_width
         self._size = size
         self._hits: OrderedDict[tuple[tuple[str, tuple[str, ...]], ...], Layout] = OrderedDict()
@@ -448,7 +446,7 @@ class LayoutCache:
             if hit is not None:
                 self._hits.move_to_end(key)
                 return hit
-        layout = resolve_layout(self._encode, questions, eot_id=self._eot, max_width=self.max_width)
+        layout = resolve_layout(self._encode, questions, max_width=self.max_width)
         with self._lock:
             self._hits[key] = layout
             if len(self._hits) > self._size:

@@ -69,7 +69,7 @@ def chat_layouts() -> tuple[ChatFormat, LayoutCache]:
     from transformers import AutoTokenizer
 
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(models.TRAINED_DIRS["demo"])))
-    return chat, LayoutCache(chat.encode, chat.eot_id, models.SPECS["demo"].canvas_length)
+    return chat, LayoutCache(chat.encode, models.SPECS["demo"].canvas_length)
 
 
 @pytest.fixture(scope="module")

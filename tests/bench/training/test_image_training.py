@@ -86,7 +86,7 @@ def test_the_training_forward_with_images_is_the_engines_read(demo_dir: Any) -> 
     model = DemoModel.load(demo_dir)
     assert parity_check(model, chat, demo_dir, n=6, images=True) < 1e-5
     # ... and the soft tokens are in it: blank pictures move the answers.
-    layouts = LayoutCache(chat.encode, chat.eot_id, model.config.canvas_length)
+    layouts = LayoutCache(chat.encode, model.config.canvas_length)
     _, t = held_out_batch(chat, layouts, split=7, count=6, images=True)
     with torch.inference_mode():
         real = forward_slots(model, t)

@@ -70,7 +70,7 @@ def test_standard_label_ids_are_the_labels_every_template_writes(demo_chat: Chat
     labels = ["yes", "no", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"123456789"]
     want = sorted({demo_chat.encode(f"q: {label}")[-1] for label in labels})
     assert len(want) == len(labels)
-    assert standard_label_ids(demo_chat.encode, demo_chat.eot_id) == tuple(want)
+    assert standard_label_ids(demo_chat.encode) == tuple(want)
 
 
 def test_standard_label_ids_leave_out_a_group_that_is_not_one_token() -> None:
@@ -79,7 +79,7 @@ def test_standard_label_ids_leave_out_a_group_that_is_not_one_token() -> None:
     def encode(text: str) -> list[int]:
         return [t for c in text for t in ([ord(c), 1] if c == "B" else [ord(c)])]
 
-    assert standard_label_ids(encode, 0) == tuple(ord(d) for d in "123456789")
+    assert standard_label_ids(encode) == tuple(ord(d) for d in "123456789")
 
 
 def test_noise_seeds_are_64_bit_and_differ_by_each_part() -> None:
@@ -97,7 +97,7 @@ def test_noise_seeds_are_64_bit_and_differ_by_each_part() -> None:
 
 
 def test_a_read_without_a_tag_has_none(demo_chat: ChatFormat) -> None:
-    layout = resolve_layout(demo_chat.encode, [("q", ("yes", "no"))], eot_id=0, max_width=64)
+    layout = resolve_layout(demo_chat.encode, [("q", ("yes", "no"))], max_width=64)
     read = make_read(demo_chat, layout, "system", "user", seed=1)
     assert read.tag == ""
     assert make_read(demo_chat, layout, "system", "user", seed=1, tag="r#0").tag == "r#0"
@@ -109,11 +109,11 @@ def test_chunks_pass_on_errors_other_than_length() -> None:
             raise ValueError("tokenizer broke")
         return [ord(c) for c in text]
 
-    cache = LayoutCache(encode, 0, max_width=64)
+    cache = LayoutCache(encode, max_width=64)
     with pytest.raises(ValueError, match="tokenizer broke"):
         cache.chunks([("a", ("x", "y")), ("b", ("x", "y"))])
     # A label problem in the second question is that question's, not a reason to split.
-    chars = LayoutCache(lambda text: [ord(c) for c in text], 0, max_width=64)
+    chars = LayoutCache(lambda text: [ord(c) for c in text], max_width=64)
     with pytest.raises(RequestRejected) as info:
         chars.chunks([("a", ("x", "y")), ("b", ("x", "yy"))])
     assert (info.value.error.code, info.value.error.field) == (
@@ -197,7 +197,7 @@ def test_a_tokenizer_that_adds_its_own_bos_does_not_get_a_second_one() -> None:
 
 def test_the_layout_cache_keeps_its_size_of_most_recently_used_layouts() -> None:
     encode = _Counting()
-    cache = LayoutCache(encode, 0, max_width=64, size=2)
+    cache = LayoutCache(encode, max_width=64, size=2)
     a, b, c = ([(q, ("x", "y"))] for q in "abc")
     layout = cache.get(a)
     per_layout = encode.calls
@@ -230,7 +230,7 @@ def test_the_shared_prefix_ends_where_the_user_text_joins_its_last_token() -> No
 
 def test_the_layout_cache_keeps_1024_layouts_unless_told() -> None:
     encode = _Counting()
-    cache = LayoutCache(encode, 0, max_width=64)
+    cache = LayoutCache(encode, max_width=64)
     for i in range(1024):
         cache.get([(f"q{i}", ("x", "y"))])
     calls = encode.calls

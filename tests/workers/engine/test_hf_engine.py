@@ -66,7 +66,7 @@ def _reads(chat: Any, engine: TransformersEngine, n: int, seed: int = 0) -> list
     rng = random.Random(seed)
     words = ["the", "you", "idiot", "free", "money", "now", "hello", "bonjour"]
     words += ["merci", "LOUD", "!!!", "http://x.com"]
-    cache = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
+    cache = LayoutCache(chat.encode, engine.info.canvas_length)
     out = []
     for i in range(n):
         qs = QUESTION_SETS[list(QUESTION_SETS)[i % 3]]

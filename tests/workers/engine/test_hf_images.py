@@ -81,7 +81,7 @@ def read(
     seed: int = 1,
 ) -> Read:
     qs = {k: TypeAdapter(Question).validate_python(v) for k, v in questions.items()}
-    layouts = LayoutCache(chat.encode, chat.eot_id, engine.info.canvas_length)
+    layouts = LayoutCache(chat.encode, engine.info.canvas_length)
     layout = layouts.get([(k, labels_and_answers(q)[0]) for k, q in qs.items()])
     r = make_read(chat, layout, system_text(qs), user_text(state, {}), seed=seed)
     return dataclasses.replace(r, images=images)

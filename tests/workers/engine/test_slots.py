@@ -45,7 +45,7 @@ def crafted_encode() -> Any:
 
 def test_tiny_tokenizer_accepts_every_kind(tiny_chat: Any) -> None:
     spec = [("toxic", YES_NO), ("topic", LETTERS), ("severity", SCORE10)]
-    layout = resolve_layout(tiny_chat.encode, spec, eot_id=tiny_chat.eot_id, max_width=64)
+    layout = resolve_layout(tiny_chat.encode, spec, max_width=64)
     assert [s.question_id for s in layout.slots] == ["toxic", "topic", "severity"]
     for slot, (_, labels) in zip(layout.slots, spec, strict=True):
         assert len(set(slot.label_ids)) == len(labels)
@@ -59,7 +59,7 @@ def test_tiny_tokenizer_accepts_every_kind(tiny_chat: Any) -> None:
 
 
 def test_crafted_tokenizer_accepts_good_labels(crafted_encode: Any) -> None:
-    layout = resolve_layout(crafted_encode, [("a", ("x", "y"))], eot_id=0, max_width=16)
+    layout = resolve_layout(crafted_encode, [("a", ("x", "y"))], max_width=16)
     assert layout.slots[0].position == 2
     assert layout.slots[0].label_ids == (crafted_encode(" x")[0], crafted_encode(" y")[0])
 
@@ -87,7 +87,7 @@ def test_bad_labels_are_refused(
 ) -> None:
     spec = [("a", labels), ("b", ("x", "y"))]
     with pytest.raises(RequestRejected) as info:
-        resolve_layout(crafted_encode, spec, eot_id=0, max_width=64)
+        resolve_layout(crafted_encode, spec, max_width=64)
     err = info.value.error
     assert err.code == code
     assert err.field == "questions.a"
@@ -112,12 +112,12 @@ def test_template_at_the_edge_of_the_canvas(
     spec = [(qid, ("x", "y"))]
     assert len(crafted_encode(f"{qid}: x")) == qid_chars + 2
     if fits:
-        layout = resolve_layout(crafted_encode, spec, eot_id=0, max_width=16)
+        layout = resolve_layout(crafted_encode, spec, max_width=16)
         assert layout.width == 16 and len(layout.template_ids) == 15
         return
-    assert resolve_layout(crafted_encode, spec, eot_id=0, max_width=32).width == 32
+    assert resolve_layout(crafted_encode, spec, max_width=32).width == 32
     with pytest.raises(RequestRejected) as info:
-        resolve_layout(crafted_encode, spec, eot_id=0, max_width=16)
+        resolve_layout(crafted_encode, spec, max_width=16)
     err = info.value.error
     assert (err.code, err.field) == (ErrorCode.TEMPLATE_TOO_LONG, f"questions.{qid}")
     assert "needs 17 canvas positions, more than the served canvas of 16" in err.message
@@ -129,17 +129,17 @@ def test_chunks_split_exactly_when_the_joint_template_overflows(
 ) -> None:
     """8 + 1 + 6 = 15 template tokens share a 16-slot canvas; 8 + 1 + 7 = 16 do not."""
     spec = [("abcdef", ("x", "y")), (second, ("x", "y"))]
-    got = [c.qids for c in LayoutCache(crafted_encode, 0, max_width=16).chunks(spec)]
+    got = [c.qids for c in LayoutCache(crafted_encode, max_width=16).chunks(spec)]
     assert got == (chunks or [("abcdef",), (second,)])
     if chunks is None:
         with pytest.raises(RequestRejected) as info:
-            resolve_layout(crafted_encode, spec, eot_id=0, max_width=16)
+            resolve_layout(crafted_encode, spec, max_width=16)
         assert info.value.error.field == "questions"  # several questions: no single culprit
 
 
 def test_template_longer_than_canvas_for_a_lone_question(tiny_chat: Any) -> None:
     qid = "q" + "zq" * 30  # one question whose own line needs more than 16 positions
-    cache = LayoutCache(tiny_chat.encode, tiny_chat.eot_id, max_width=16)
+    cache = LayoutCache(tiny_chat.encode, max_width=16)
     with pytest.raises(RequestRejected) as info:
         cache.chunks([(qid, YES_NO)])
     assert info.value.error.code == ErrorCode.TEMPLATE_TOO_LONG
@@ -148,12 +148,12 @@ def test_template_longer_than_canvas_for_a_lone_question(tiny_chat: Any) -> None
 
 def test_chunking_packs_questions_that_fit(tiny_chat: Any) -> None:
     spec = [(f"question_{i}", YES_NO) for i in range(12)]
-    cache = LayoutCache(tiny_chat.encode, tiny_chat.eot_id, max_width=16)
+    cache = LayoutCache(tiny_chat.encode, max_width=16)
     chunks = cache.chunks(spec)
     assert len(chunks) > 1
     assert [q for c in chunks for q in c.qids] == [q for q, _ in spec]
     assert all(c.width <= 16 for c in chunks)
-    joint = LayoutCache(tiny_chat.encode, tiny_chat.eot_id, max_width=256).chunks(spec)
+    joint = LayoutCache(tiny_chat.encode, max_width=256).chunks(spec)
     assert len(joint) == 1
 
 
@@ -161,7 +161,6 @@ def test_canvas_noise_only_at_slots(tiny_chat: Any) -> None:
     layout = resolve_layout(
         tiny_chat.encode,
         [("toxic", YES_NO), ("topic", LETTERS)],
-        eot_id=tiny_chat.eot_id,
         max_width=64,
     )
     kw = {"eot_id": tiny_chat.eot_id, "pad_id": tiny_chat.pad_id, "vocab_size": 2048}
@@ -209,7 +208,6 @@ def test_canvas_noise_is_any_id_of_the_vocabulary(tiny_chat: Any) -> None:
     layout = resolve_layout(
         tiny_chat.encode,
         [("toxic", YES_NO), ("topic", LETTERS)],
-        eot_id=tiny_chat.eot_id,
         max_width=64,
     )
     kw = {"eot_id": tiny_chat.eot_id, "pad_id": tiny_chat.pad_id, "vocab_size": 2}
@@ -251,13 +249,13 @@ def test_each_refusal_says_what_the_label_did(
     crafted_encode: Any, labels: tuple[str, ...], code: ErrorCode, message: str
 ) -> None:
     with pytest.raises(RequestRejected) as info:
-        resolve_layout(crafted_encode, [("a", labels), ("b", YES_NO)], eot_id=0, max_width=64)
+        resolve_layout(crafted_encode, [("a", labels), ("b", YES_NO)], max_width=64)
     err = info.value.error
     assert (err.code, err.field, err.message) == (code, "questions.a", f"questions.a: {message}")
 
 
 def test_a_slot_keeps_its_labels_in_order(crafted_encode: Any) -> None:
-    layout = resolve_layout(crafted_encode, [("a", ("y", "x"))], eot_id=0, max_width=16)
+    layout = resolve_layout(crafted_encode, [("a", ("y", "x"))], max_width=16)
     (slot,) = layout.slots
     assert (slot.question_id, slot.labels) == ("a", ("y", "x"))
     assert slot.label_ids == (crafted_encode(" y")[0], crafted_encode(" x")[0])

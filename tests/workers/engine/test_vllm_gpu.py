@@ -129,7 +129,7 @@ def hf_results(loop: asyncio.AbstractEventLoop, requests: list[Any]) -> list[Any
 def vllm_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
     # As the factory builds it: one shared label set for every read.
     chat = _chat()
-    engine = VllmEngine(demo_settings(), shared_labels=standard_label_ids(chat.encode, chat.eot_id))
+    engine = VllmEngine(demo_settings(), shared_labels=standard_label_ids(chat.encode))
     t0 = time.perf_counter()
     loop.run_until_complete(engine.start())
     REPORT["vllm_start_s"] = time.perf_counter() - t0
@@ -147,7 +147,7 @@ def stock_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
     chat = _chat()
     engine = VllmEngine(
         demo_settings(read_path="stock"),
-        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
+        shared_labels=standard_label_ids(chat.encode),
     )
     t0 = time.perf_counter()
     loop.run_until_complete(engine.start())
@@ -267,9 +267,7 @@ def _start(loop: asyncio.AbstractEventLoop, **overrides: Any) -> tuple[VllmEngin
     """A demo-model engine with the factory's shared labels and the given settings, started
     on the read path (close it); and its start's seconds."""
     chat = _chat()
-    engine = VllmEngine(
-        demo_settings(**overrides), shared_labels=standard_label_ids(chat.encode, chat.eot_id)
-    )
+    engine = VllmEngine(demo_settings(**overrides), shared_labels=standard_label_ids(chat.encode))
     t0 = time.perf_counter()
     loop.run_until_complete(engine.start())
     start_s = time.perf_counter() - t0
@@ -428,7 +426,7 @@ def test_remote_vllm_serve_answers_as_in_process(
     chat = _chat()
     remote = VllmRemoteEngine(
         VllmRemoteSettings(base_url=vllm_server, model="demo", canvas_length=64, vocab_size=2048),
-        shared_labels=standard_label_ids(chat.encode, chat.eot_id),
+        shared_labels=standard_label_ids(chat.encode),
     )
     subset = requests[:REMOTE_COUNT]
     local, _ = classify(loop, Classifier(vllm_engine, chat, ClassifierSettings(seed=0)), subset)

@@ -119,9 +119,7 @@ def vllm_engine(
             images_per_request=8,
         )
     )
-    engine = VllmEngine(
-        settings, shared_labels=standard_label_ids(demo_chat.encode, demo_chat.eot_id)
-    )
+    engine = VllmEngine(settings, shared_labels=standard_label_ids(demo_chat.encode))
     loop.run_until_complete(engine.start())
     assert engine.read_path == "dgstream", engine.read_path
     assert engine.info.reads_images and engine.image_layout is not None
@@ -140,7 +138,7 @@ def hf_engine(demo_dir: Path) -> TransformersEngine:
 
 def reads(chat: ChatFormat, width: int, images: list[tuple[ReadImage, ...]]) -> list[Read]:
     qs = {k: TypeAdapter(Question).validate_python(v) for k, v in QUESTIONS.items()}
-    layouts = LayoutCache(chat.encode, chat.eot_id, width)
+    layouts = LayoutCache(chat.encode, width)
     layout = layouts.get([(k, labels_and_answers(q)[0]) for k, q in qs.items()])
     out = []
     for i, ims in enumerate(images):

@@ -105,7 +105,7 @@ def start(loop: asyncio.AbstractEventLoop, model: str) -> tuple[VllmEngine, floa
     """An engine over `model` with the factory's shared labels, started; and its start's
     seconds."""
     chat = _chat()
-    engine = VllmEngine(settings(model), shared_labels=standard_label_ids(chat.encode, chat.eot_id))
+    engine = VllmEngine(settings(model), shared_labels=standard_label_ids(chat.encode))
     t0 = time.perf_counter()
     loop.run_until_complete(engine.start())
     return engine, time.perf_counter() - t0

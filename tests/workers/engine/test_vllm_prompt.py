@@ -140,9 +140,7 @@ def test_canvas_ends_with_vllms_end_of_turn_and_pad(gemma4_style: SimpleNamespac
     chat = ChatFormat(tok)
     assert [chat.eot_id] == gemma4_style.end
     assert chat.pad_id == tok.pad_token_id
-    layout = resolve_layout(
-        chat.encode, [("toxic", ("yes", "no"))], eot_id=chat.eot_id, max_width=64
-    )
+    layout = resolve_layout(chat.encode, [("toxic", ("yes", "no"))], max_width=64)
     read = make_read(chat, layout, "system", "state", seed=1)
     n = len(layout.template_ids)
     assert read.canvas_ids[n] == chat.eot_id

@@ -114,7 +114,7 @@ def shared_labels(chat: ChatFormat) -> tuple[int, ...]:
     """The token ids of every label the templates write (an engine's shared label set)."""
     from dgstream.workers.engine.template import standard_label_ids
 
-    return standard_label_ids(chat.encode, chat.eot_id)
+    return standard_label_ids(chat.encode)
 
 
 # --------------------------------------------------------------------- checkpoints
