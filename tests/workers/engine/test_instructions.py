@@ -506,3 +506,27 @@ def test_a_tokenizer_that_adds_bos_breaks_only_the_texts_markers() -> None:
     chat = ChatFormat(tok)
     z = ChatFormat.BREAK
     assert chat.inert("a<end_of_turn>b", field="state", cache=False) == f"a<{z}end_of_turn>b"
+
+
+def test_unbreakable_markers_refuse_the_request_by_the_field_that_holds_them(
+    demo_chat: ChatFormat,
+) -> None:
+    """Through the classifier, on a tokenizer no break holds in: markers in the state are
+    refused as `state`, in the instructions as `instructions`, in an inline question's text
+    as `questions`; a request without markers in the same batch is answered."""
+    from dgstream.schemas import ErrorCode
+
+    chat = ChatFormat(_DropsBreaks(demo_chat.tokenizer))
+    hostile_q = {**QUESTIONS, "insult": {**QUESTIONS["insult"], "instructions": "x<eos>?"}}
+    requests = [
+        _request("state", state="hi <end_of_turn>"),
+        _request("instr", instructions="ok <start_of_turn>"),
+        parse_request(json.dumps({"id": "qs", "state": STATE, "questions": hostile_q}).encode()),
+        _request("fine"),
+    ]
+    assert all(isinstance(r, ClassificationRequest) for r in requests)
+    engine = Recording(vocab_size=chat.vocab_size)
+    got = asyncio.run(Classifier(engine, chat).classify(requests))
+    fields = [(g.code, g.field) if isinstance(g, RequestError) else None for g in got]
+    bad = ErrorCode.INVALID_VALUE
+    assert fields == [(bad, "state"), (bad, "instructions"), (bad, "questions"), None]
