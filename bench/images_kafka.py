@@ -104,7 +104,7 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def check_results(conn: KafkaConnection, topic: str, v: Variant, n: int) -> None:
+def check_results(conn: KafkaConnection, topic: str, v: Variant) -> None:
     """One result per request (`measured_output` counted the keys); for the image variant,
     a sample of results names the image it read, by the SHA-256 of its bytes."""
     if v.image is None:
@@ -143,7 +143,7 @@ def one_run(conn: KafkaConnection, v: Variant, classifier: Classifier, label: st
     cpu = _cpu_s() - c0
     if got["keys"] != len(v.values):
         raise RuntimeError(f"{v.name}: {got['keys']} results of {len(v.values)}")
-    check_results(conn, seen["out"], v, len(v.values))
+    check_results(conn, seen["out"], v)
     v.rates.append(float(got["rate"]))
     v.cpu_us.append(cpu / len(v.values) * 1e6)
 

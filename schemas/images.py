@@ -161,7 +161,7 @@ class JevAsset(RequestModel):
                 f"{field}.part",
             )
         raw = _b64(self.data_base64) if self.data_base64 else None
-        if raw is None or not self.data_base64:
+        if raw is None or self.data_base64 is None:  # (the second only narrows the type)
             raise fail(
                 ErrorCode.INVALID_IMAGE_SOURCE,
                 "an asset needs data_base64, the image file in base64",
