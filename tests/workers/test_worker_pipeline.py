@@ -410,3 +410,33 @@ def test_worker_exactly_once_join_and_drain_mid_run_no_duplicates(
     assert 0 < final_a["answered"] < len(ids)
     b.worker.drain()
     b.join()
+
+
+def test_a_worker_that_owns_its_process_freezes_its_start_up_heap(
+    pipeline: Pipeline, worker_threads: list[WorkerThread]
+) -> None:
+    """`freeze_heap` (the pool's actor sets it): once the engine and the clients are built,
+    what is alive moves out of the collector's full passes, and requests are answered as
+    before. A worker without it (one sharing its process: a test, a benchmark, an embedding
+    application) leaves the collector alone."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        pipeline.produce([request_bytes("h0", 0)])
+        shared = WorkerThread(pipeline.settings()).start()
+        worker_threads.append(shared)
+        results = pipeline.reader()
+        results.read_until(lambda r: "h0" in r.ids(), 60, "the first worker's result")
+        shared.worker.drain()
+        shared.join()
+        assert gc.get_freeze_count() == 0
+        owner = WorkerThread(pipeline.settings(), freeze_heap=True).start()
+        worker_threads.append(owner)
+        pipeline.produce([request_bytes("h1", 1)])
+        results.read_until(lambda r: "h1" in r.ids(), 60, "the second worker's result")
+        # Everything alive at its start: at least the engine's model and its tokenizer.
+        assert gc.get_freeze_count() > 1_000
+        check_results(results.records)
+    finally:
+        gc.unfreeze()

@@ -70,7 +70,8 @@ class _WorkerActorImpl:
         self._actor_id = ctx.get_actor_id()
         self._restarted = bool(ctx.was_current_actor_reconstructed)
         self._log = get_logger(worker=settings.name, pipeline=settings.pipeline)
-        self._worker = StreamWorker(settings)
+        # The actor's process is this worker's alone: its start-up heap can be frozen.
+        self._worker = StreamWorker(settings, freeze_heap=True)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._created = time.time()

@@ -12,6 +12,7 @@ step; docs/architecture.md draws the roles, their threads and the error table.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from typing import Any, Literal
@@ -39,7 +40,7 @@ from dgstream.workers.stream.ownership import Listener, Ownership, make_consumer
 from dgstream.workers.stream.recovery import Recovery
 from dgstream.workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
-__all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
+__all__ = ["StreamWorker", "WorkerFailed", "WorkerState", "freeze_startup_heap"]
 
 WorkerState = Literal["new", "starting", "running", "draining", "stopping", "stopped", "failed"]
 
@@ -50,6 +51,9 @@ class StreamWorker:
     `classifier` replaces the one built from `settings.engine` (tests inject failing
     engines this way; the benchmark shares one between variants). `tracer_provider`
     replaces the OTLP export of `settings.tracing` (tests: the SDK's in-memory exporter).
+    `freeze_heap`: the worker owns its process (the pool's actor does), so once its engine
+    and clients are built, what is alive then moves out of the garbage collector's sight
+    (`freeze_startup_heap`); a worker sharing a process with other code leaves it alone.
     """
 
     def __init__(
@@ -58,8 +62,10 @@ class StreamWorker:
         *,
         classifier: Classifier | None = None,
         tracer_provider: Any | None = None,
+        freeze_heap: bool = False,
     ) -> None:
         self.settings = settings
+        self._freeze_heap = freeze_heap
         self.name = settings.name
         self._classifier = classifier
         self._tracer_provider = tracer_provider
@@ -107,6 +113,9 @@ class StreamWorker:
         self._started_at = time.time()
         try:
             loop = self._loop = self._setup()
+            if self._freeze_heap:
+                frozen = freeze_startup_heap()
+                self.log.info("heap_frozen", objects=frozen)
             with self._shared.lock:
                 if self._state == "starting":
                     self._state = "running"
@@ -287,3 +296,18 @@ class StreamWorker:
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 self._admin.close()
+
+
+def freeze_startup_heap() -> int:
+    """Collect, then move every object alive now (the model's and tokenizer's, the imported
+    libraries', the clients') into the collector's permanent generation; returns how many
+    are frozen. A full collection walks every tracked object: with torch and transformers
+    loaded most of them are start-up's and never die. On the fake engine at zero cost a
+    worker in a process of its own answered 20,000 requests at 1,325 and 1,063 results/s
+    as it was, 1,434 and 1,531 frozen (11 full collections a run; 2 cores, 2026-12-07).
+    Objects that die later are still freed by their reference counts; only cycles among
+    frozen ones stay. vLLM's worker freezes its heap after its warm-up for the same
+    reason."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
