@@ -24,13 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness.rounds import PLAIN_ROW, WORKER_ROW
 from bench.report import write_section
 from bench.worker_overhead import broker_at
 
 ROOT = Path(__file__).resolve().parents[1]
-# (The ratio in bold: the best runs' before 2026-12-07, the median round's since.)
-_OVERHEAD = re.compile(r"^\| stream worker [^|]*\| ([\d,]+) \| [^|]*\*\*([\d.]+)x\*\*\)? \|$", re.M)
-_PLAIN = re.compile(r"^\| plain loop, same work.*\| ([\d,]+) \| 1\.00x \|$", re.M)
 _PIPELINING = re.compile(r"^Ratio 2 / 1: \*\*([\d.]+)\*\*", re.M)
 
 
@@ -58,7 +56,7 @@ def overhead(tree: Path, bootstrap: str, messages: int) -> tuple[float, float, f
         "worker_overhead.py",
         ["--bootstrap", bootstrap, "--messages", str(messages), "--no-write"],
     )
-    worker, plain = _OVERHEAD.search(text), _PLAIN.search(text)
+    worker, plain = WORKER_ROW.search(text), PLAIN_ROW.search(text)
     if worker is None or plain is None:
         raise RuntimeError(f"no ratio in worker_overhead's output:\n{text[-2000:]}")
     return float(worker[1].replace(",", "")), float(plain[1].replace(",", "")), float(worker[2])

@@ -47,9 +47,7 @@ import gc
 import json
 import os
 import platform
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,13 +72,22 @@ from kafka.coordinator.assignors.cooperative_sticky import (
 )
 
 from bench.harness.requests import QUESTIONS
+from bench.harness.rounds import (
+    PLAIN_ROW,
+    RUNS,
+    WORKER_ROW,
+    median_round,
+    numbers,
+    round_ratios,
+)
 from bench.report import write_section
 from dgstream.schemas import RequestError, parse_request, record_id
 from dgstream.workers.engine.factory import EngineSettings, build_classifier
+from dgstream.workers.hosting.heap import freeze_startup_heap
 from dgstream.workers.hosting.logs import configure_logging
 from dgstream.workers.hosting.metrics import WorkerMetrics
 from dgstream.workers.hosting.settings import Delivery, WorkerSettings
-from dgstream.workers.hosting.worker import StreamWorker, freeze_startup_heap
+from dgstream.workers.hosting.worker import StreamWorker
 from dgstream.workers.kafka.admin import compute_lag, ensure_topics, subscribe_known
 from dgstream.workers.kafka.settings import KafkaConnection
 from dgstream.workers.results.decisions import Decisions
@@ -407,16 +414,6 @@ def worker_run_parser(doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
-# The rows of this script's table, as a baseline checkout's copy prints them.
-_ROWS = {
-    # (`**0.87x**` then; `0.86x (round by round: **0.99x**)` since the rounds' median.)
-    "worker": re.compile(
-        r"^\| stream worker [^|]*\| ([\d,]+) \| [^|]*\*\*[\d.]+x\*\*\)? \|$", re.M
-    ),
-    "same": re.compile(r"^\| plain loop, same work.*\| ([\d,]+) \| 1\.00x \|$", re.M),
-}
-
-
 # The classifier front's host time per request, timed the same way for any checkout (its
 # code first on sys.path): the fake engine at zero cost, batches of 64 of this script's
 # requests, the best of `passes` passes over 1,280 of them (one process, no Kafka).
@@ -477,37 +474,16 @@ def baseline_run(tree: Path, bootstrap: str, messages: int, repeat: int) -> dict
     if out.returncode != 0:
         raise RuntimeError(f"{tree}: {out.stdout[-2000:]}{out.stderr[-3000:]}")
     print(out.stdout)
-    found = {k: rx.search(out.stdout) for k, rx in _ROWS.items()}
+    found = {"worker": WORKER_ROW.search(out.stdout), "same": PLAIN_ROW.search(out.stdout)}
     missing = [k for k, m in found.items() if m is None]
     if missing:
         raise RuntimeError(f"{tree}: no {', '.join(missing)} row in its output")
     got = {k: float(m.group(1).replace(",", "")) for k, m in found.items() if m is not None}
-    runs = _RUNS.search(out.stdout)
+    runs = RUNS.search(out.stdout)
     if runs is None:
         raise RuntimeError(f"{tree}: no 'all runs' in its output")
-    got["median_round"] = median_round(_numbers(runs.group(1)), _numbers(runs.group(2)))
+    got["median_round"] = median_round(numbers(runs.group(1)), numbers(runs.group(2)))
     return got
-
-
-# A checkout's runs as it prints them: "(all runs: worker 1,411 / 1,403, same 1,641 / ...".
-_RUNS = re.compile(r"all runs: worker ([\d,]+(?: / [\d,]+)*), same ([\d,]+(?: / [\d,]+)*)")
-
-
-def _numbers(text: str) -> list[float]:
-    return [float(v.replace(",", "")) for v in text.split(" / ")]
-
-
-def round_ratios(worker: list[float], plain: list[float]) -> list[float]:
-    """Each round's worker run over the plain loop's run right after it."""
-    return [w / p for w, p in zip(worker, plain, strict=True)]
-
-
-def median_round(worker: list[float], plain: list[float]) -> float:
-    """The median of the rounds' ratios: the figure the bar is read on. Each round pairs
-    two runs minutes apart, so a drift of the shared machine's speed over the run moves
-    both alike, where the best run of each may come from different minutes (2026-12-07,
-    five rounds: best of each 0.86x, rounds 1.14 / 1.11 / 0.77 / 1.00 / 0.81)."""
-    return statistics.median(round_ratios(worker, plain))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ step; docs/architecture.md draws the roles, their threads and the error table.
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 import time
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from kafka import KafkaAdminClient
 from dgstream.workers.engine.classifier import Classifier
 from dgstream.workers.faults.errors import WorkerFailed
 from dgstream.workers.faults.poll_errors import unreadable_batch
+from dgstream.workers.hosting.heap import freeze_startup_heap
 from dgstream.workers.hosting.logs import configure_logging, get_logger, quiet_kafka_debug
 from dgstream.workers.hosting.metrics import WorkerMetrics
 from dgstream.workers.hosting.settings import WorkerSettings
@@ -40,7 +40,7 @@ from dgstream.workers.stream.ownership import Listener, Ownership, make_consumer
 from dgstream.workers.stream.recovery import Recovery
 from dgstream.workers.stream.shared import CLOSE_TIMEOUT_S, Completions, Shared
 
-__all__ = ["StreamWorker", "WorkerFailed", "WorkerState", "freeze_startup_heap"]
+__all__ = ["StreamWorker", "WorkerFailed", "WorkerState"]
 
 WorkerState = Literal["new", "starting", "running", "draining", "stopping", "stopped", "failed"]
 
@@ -296,18 +296,3 @@ class StreamWorker:
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 self._admin.close()
-
-
-def freeze_startup_heap() -> int:
-    """Collect, then move every object alive now (the model's and tokenizer's, the imported
-    libraries', the clients') into the collector's permanent generation; returns how many
-    are frozen. A full collection walks every tracked object: with torch and transformers
-    loaded most of them are start-up's and never die. On the fake engine at zero cost a
-    worker in a process of its own answered 20,000 requests at 1,325 and 1,063 results/s
-    as it was, 1,434 and 1,531 frozen (11 full collections a run; 2 cores, 2026-12-07).
-    Objects that die later are still freed by their reference counts; only cycles among
-    frozen ones stay. vLLM's worker freezes its heap after its warm-up for the same
-    reason."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
