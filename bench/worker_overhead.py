@@ -23,7 +23,9 @@ by side on one local broker, reading the same input topic from its beginning eac
 
 Rate = results per second between the first and the last output record's timestamp (set
 by each producer at send), so start-up (the engine build, the group join) counts for none.
-Every variant runs `--repeat` times, alternating; the best run of each is reported.
+Every variant runs `--repeat` times, alternating; the best run of each is reported, and the
+worker's ratio is read on the median of the rounds' ratios (each round's worker run over
+the plain loop's run beside it: `bench.harness.rounds`).
 
     .venv/bin/python bench/worker_overhead.py            # starts and stops its own broker
     .venv/bin/python bench/worker_overhead.py --bootstrap 127.0.0.1:9092 --messages 20000
