@@ -9,14 +9,11 @@ bench's library code, never a script (tests/repo/test_layers.py).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.bench_scripts import run_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 ARGS = [
     *("--requests", "3", "--batch", "2", "--repeat", "2", "--sample-s", "0.001"),
     *("--image-kb", "6", "--multi", "2", "--multi-kb", "5"),
@@ -27,16 +24,7 @@ VARIANTS = ["text only", "1 JPEG", "2 JPEG", "1 PNG"]
 @pytest.mark.unit
 def test_images_host_at_a_tiny_size(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.images_host", *ARGS, "--json", str(out)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    text = run.stdout
+    text = run_bench("-m", "bench.images_host", *ARGS, "--json", str(out), timeout_s=300)
 
     # Two tables (wall, CPU), each a header, a rule and one row per variant, in order.
     tables = [block for block in text.split("\n\n") if block.startswith("| variant |")]

@@ -135,24 +135,12 @@ def test_a_bomb_batched_with_good_records_is_one_letter_naming_them_all(
 def test_the_bombs_benchmark_runs_and_writes_only_when_told(one_partition: Pipeline) -> None:
     """bench/bombs.py, shrunk (`--scale`: bombs and bound alike), against this broker: a
     worker process of its own, a bomb dead-lettered, docs/benchmarks.md untouched."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from support.bench_scripts import ROOT, run_bench
 
-    root = Path(__file__).resolve().parents[2]
     boot = ",".join(one_partition.conn.bootstrap_servers)
-    doc = root / "docs" / "benchmarks.md"
+    doc = ROOT / "docs" / "benchmarks.md"
     before = doc.read_bytes()
     args = ["--bootstrap", boot, "--scale", "0.02", "--cases", "zstd-json,lz4-byte"]
-    out = subprocess.run(
-        [sys.executable, "bench/bombs.py", *args],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert out.stdout.count("`BATCH_TOO_LARGE` x1") == 2, out.stdout
+    stdout = run_bench("bench/bombs.py", *args)
+    assert stdout.count("`BATCH_TOO_LARGE` x1") == 2, stdout
     assert doc.read_bytes() == before

@@ -5,18 +5,14 @@ image read), the figures come out, and docs/benchmarks.md is left alone unless t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.bench_scripts import ROOT, run_bench
 
 from bench.harness.pipeline import Pipeline
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_images_through_kafka_benchmark_runs(pipeline: Pipeline, tmp_path: Path) -> None:
@@ -26,21 +22,13 @@ def test_the_images_through_kafka_benchmark_runs(pipeline: Pipeline, tmp_path: P
     figures = tmp_path / "figures.json"
     args = ["--bootstrap", boot, "--messages", "40", "--repeat", "1", "--image-kb", "10"]
     args.append("--no-write")
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.images_kafka", *args, "--json", str(figures)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    stdout = run_bench("-m", "bench.images_kafka", *args, "--json", str(figures))
     got = json.loads(figures.read_text())
     assert set(got) == {"text only", "1 JPEG"}
     for v in got.values():
         assert len(v["rates"]) == 1 and v["rates"][0] > 0 and len(v["cpu_us"]) == 1
     # A 10 KB JPEG in base64 (about 13.4 KB) more than the text's record.
     assert got["1 JPEG"]["record_bytes"] - got["text only"]["record_bytes"] > 13_000
-    assert "| 1 JPEG |" in out.stdout and "python -m bench.images_kafka" in out.stdout
-    assert "--bootstrap" not in out.stdout.split("Reproduce:")[1]
+    assert "| 1 JPEG |" in stdout and "python -m bench.images_kafka" in stdout
+    assert "--bootstrap" not in stdout.split("Reproduce:")[1]
     assert doc.read_bytes() == before

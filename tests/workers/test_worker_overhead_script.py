@@ -5,18 +5,12 @@ wheel holds neither bench/ nor the docs it writes)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from support.bench_scripts import ROOT, run_bench
 
 from bench.harness.pipeline import Pipeline
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_worker_overhead_benchmark_runs_and_writes_only_when_told(pipeline: Pipeline) -> None:
@@ -24,17 +18,9 @@ def test_the_worker_overhead_benchmark_runs_and_writes_only_when_told(pipeline: 
     doc = ROOT / "docs" / "benchmarks.md"
     before = doc.read_bytes()
     args = ["--bootstrap", boot, "--messages", "600", "--repeat", "1", "--no-write"]
-    out = subprocess.run(
-        [sys.executable, "bench/worker_overhead.py", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "stream worker" in out.stdout and "plain" in out.stdout
-    assert "round by round" in out.stdout
+    stdout = run_bench("bench/worker_overhead.py", *args)
+    assert "stream worker" in stdout and "plain" in stdout
+    assert "round by round" in stdout
     assert doc.read_bytes() == before
 
 
